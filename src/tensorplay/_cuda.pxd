@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: Apache-2.0
+from cuda.bindings cimport cydriver
+
+cdef enum:
+    MAX_DEVICES = 64
+
+cdef int raise_cuda_error(cydriver.CUresult result) except -1 nogil
+
+cdef inline int check(cydriver.CUresult result) except -1 nogil:
+    """Raise CudaError for a failed driver call; takes the GIL only then."""
+    if result == cydriver.CUDA_SUCCESS:
+        return 0
+    return raise_cuda_error(result)
+
+cdef int ensure_context(int device) except -1 nogil
+cdef cydriver.CUcontext primary_context(int device) except? NULL nogil
+cdef int get_current_device() noexcept nogil
+cdef int checked_device_count() except -1
+cdef int validate_device(int device) except -1

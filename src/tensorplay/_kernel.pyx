@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loaded CUBIN modules and their kernels, launched with packed arguments."""
+
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cuda.bindings cimport cydriver
+from libc.stdint cimport uintptr_t
+
+from tensorplay._cuda cimport check, ensure_context, validate_device
+from tensorplay._stream cimport current_stream_handle
+
+_live_modules = [0]
+
+
+def live_module_count():
+    """Number of loaded modules alive (a leak counter for tests)."""
+    return _live_modules[0]
+
+
+cdef class Module:
+    """A CUBIN loaded on one device, cuModuleLoadData; unloaded when it dies."""
+
+    def __cinit__(self, bytes image not None, int device):
+        self._handle = NULL
+        self.device = device
+        validate_device(device)
+        cdef const char* data = PyBytes_AS_STRING(image)
+        with nogil:
+            ensure_context(device)
+            check(cydriver.cuModuleLoadData(&self._handle, <const void*>data))
+        _live_modules[0] += 1
+
+    def __dealloc__(self):
+        if self._handle != NULL:
+            try:
+                ensure_context(self.device)
+                cydriver.cuModuleUnload(self._handle)
+                _live_modules[0] -= 1
+            except BaseException:
+                pass
+            self._handle = NULL
+
+    def get_function(self, str name):
+        """Look up kernel ``name``, cuModuleGetFunction."""
+        cdef Function f = Function.__new__(Function)
+        cdef bytes bname = name.encode()
+        cdef const char* cname = bname
+        with nogil:
+            check(cydriver.cuModuleGetFunction(&f._handle, self._handle, cname))
+        f.module = self
+        f.name = name
+        f.device = self.device
+        return f
+
+    @property
+    def handle(self):
+        return <uintptr_t>self._handle
+
+
+@cython.final
+cdef class Function:
+    """A kernel of a loaded module."""
+
+    cdef int c_launch(self, unsigned int gx, unsigned int gy, unsigned int gz,
+                      unsigned int bx, unsigned int by, unsigned int bz,
+                      unsigned int shared, cydriver.CUstream stream,
+                      const void* params, size_t params_size) except -1 nogil:
+        cdef void* extra[5]
+        cdef void** ex = NULL
+        extra[0] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_POINTER
+        extra[1] = <void*>params
+        extra[2] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_SIZE
+        extra[3] = <void*>&params_size
+        extra[4] = <void*>cydriver.CU_LAUNCH_PARAM_END
+        if params_size:
+            ex = extra
+        ensure_context(self.device)
+        check(cydriver.cuLaunchKernel(self._handle, gx, gy, gz, bx, by, bz, shared, stream, NULL, ex))
+        return 0
+
+    def launch(self, grid, block, bytes params not None, unsigned int shared_mem=0, stream=None):
+        """Launch on ``stream`` (a handle int; None: the current stream), cuLaunchKernel.
+
+        ``grid`` and ``block`` are ints or tuples of up to three ints;
+        ``params`` is the argument buffer laid out as the kernel's C signature.
+        """
+        cdef unsigned int g[3]
+        cdef unsigned int b[3]
+        _dims(grid, g, "grid")
+        _dims(block, b, "block")
+        cdef cydriver.CUstream s
+        if stream is None:
+            s = current_stream_handle(self.device)
+        else:
+            s = <cydriver.CUstream><uintptr_t>stream
+        cdef const void* p = PyBytes_AS_STRING(params)
+        cdef size_t n = PyBytes_GET_SIZE(params)
+        with nogil:
+            self.c_launch(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, s, p, n)
+
+    def attribute(self, str which):
+        """Read a function attribute: 'num_regs', 'max_threads_per_block',
+        'shared_size_bytes', 'local_size_bytes', 'max_dynamic_shared_size_bytes'."""
+        attrs = {
+            "num_regs": cydriver.CU_FUNC_ATTRIBUTE_NUM_REGS,
+            "max_threads_per_block": cydriver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            "shared_size_bytes": cydriver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            "local_size_bytes": cydriver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            "max_dynamic_shared_size_bytes": cydriver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        }
+        if which not in attrs:
+            raise ValueError(f"unknown attribute {which!r}; expected one of {sorted(attrs)}")
+        cdef int v = 0
+        cdef cydriver.CUfunction_attribute a = attrs[which]
+        with nogil:
+            check(cydriver.cuFuncGetAttribute(&v, a, self._handle))
+        return v
+
+    def set_max_dynamic_shared_memory(self, int nbytes):
+        with nogil:
+            check(cydriver.cuFuncSetAttribute(
+                self._handle, cydriver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes))
+
+    @property
+    def handle(self):
+        return <uintptr_t>self._handle
+
+    def __repr__(self):
+        return f"<Function {self.name} device={self.device}>"
+
+
+cdef int _dims(object d, unsigned int* out, str what) except -1:
+    out[0] = out[1] = out[2] = 1
+    if isinstance(d, int):
+        d = (d,)
+    try:
+        n = len(d)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or a tuple of up to 3 ints, got {type(d).__name__}")
+    if n < 1 or n > 3:
+        raise ValueError(f"{what} must have 1 to 3 dimensions, got {n}")
+    for i in range(n):
+        v = d[i]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{what} dimensions must be ints, got {v!r}")
+        if v < 1 or v > 0x7FFFFFFF:
+            raise ValueError(f"{what} dimensions must be in [1, 2**31), got {v}")
+        out[i] = v
+    return 0

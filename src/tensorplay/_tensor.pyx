@@ -1,0 +1,458 @@
+# SPDX-License-Identifier: Apache-2.0
+"""TensorBase: the C-level fields of a tensor, raw transfers, DLPack and the
+CUDA Array Interface."""
+
+cimport cython
+from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer,
+                                PyCapsule_SetName, PyCapsule_Destructor)
+from cpython.ref cimport Py_INCREF, Py_DECREF, PyObject
+from cuda.bindings cimport cydriver
+from libc.stdint cimport int64_t, uintptr_t, uint64_t
+from libc.stdlib cimport malloc, free
+
+from tensorplay._cuda cimport check, ensure_context, validate_device, primary_context
+from tensorplay._stream cimport current_stream_handle
+from tensorplay._alloc cimport DeviceAllocation
+from tensorplay._dlpack cimport *
+
+cdef extern from "Python.h":
+    int Py_IsInitialized() nogil
+    void Py_DecRef(PyObject*)
+
+cdef int ITEMSIZE[10]
+ITEMSIZE[:] = [1, 1, 1, 2, 4, 8, 2, 2, 4, 8]
+
+# (DLPack type code, bits) of each dtype code
+cdef int DL_CODE[10]
+DL_CODE[:] = [kDLBool, kDLUInt, kDLInt, kDLInt, kDLInt, kDLInt, kDLFloat, kDLBfloat, kDLFloat, kDLFloat]
+
+CAI_TYPESTR = ("|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<f2", None, "<f4", "<f8")
+
+
+def itemsize_of(int code):
+    return ITEMSIZE[code]
+
+
+cdef class ForeignStorage:
+    """Device memory owned by another object (a DLPack producer, a CUDA Array
+    Interface exporter); keeps that owner alive."""
+    cdef readonly object owner
+    cdef readonly uintptr_t ptr
+    cdef readonly size_t size
+    cdef readonly int device
+
+    def __cinit__(self, owner, uintptr_t ptr, size_t size, int device):
+        self.owner = owner
+        self.ptr = ptr
+        self.size = size
+        self.device = device
+
+    def record_stream(self, stream_handle):
+        pass   # foreign memory is freed by its owner, on its owner's terms
+
+
+cdef class TensorBase:
+    """C-level fields shared by every tensor; subclassed by tensorplay.Tensor."""
+
+    def __cinit__(self):
+        self._ndim = 0
+        self._ptr = 0
+        self._dtype_code = DT_FLOAT32
+        self._itemsize = 4
+        self._device_type = DEVICE_CPU
+        self._device_index = -1
+
+    # ------------------------------------------------------------ construction
+
+    def _set_cuda(self, storage, uintptr_t ptr, shape, strides, int dtype_code, int device):
+        """Fill in the fields of a CUDA tensor (used by the Python factories)."""
+        cdef int n = len(shape), i
+        if n > MAX_NDIM:
+            raise ValueError(f"tensors have at most {MAX_NDIM} dimensions, got {n}")
+        if dtype_code < 0 or dtype_code >= NUM_DTYPES:
+            raise ValueError(f"bad dtype code {dtype_code}")
+        self._storage = storage
+        self._array = None
+        self._ptr = ptr
+        self._ndim = n
+        for i in range(n):
+            self._shape[i] = shape[i]
+            self._strides[i] = strides[i]
+        self._dtype_code = dtype_code
+        self._itemsize = ITEMSIZE[dtype_code]
+        self._device_type = DEVICE_CUDA
+        self._device_index = device
+        return self
+
+    def _set_cpu(self, array, int dtype_code):
+        """Fill in the fields of a CPU tensor viewing the numpy ``array``."""
+        cdef int n = array.ndim, i
+        cdef int isz = ITEMSIZE[dtype_code]
+        if n > MAX_NDIM:
+            raise ValueError(f"tensors have at most {MAX_NDIM} dimensions, got {n}")
+        self._storage = None
+        self._array = array
+        self._ptr = 0
+        self._ndim = n
+        shp = array.shape
+        st = array.strides
+        for i in range(n):
+            self._shape[i] = shp[i]
+            if st[i] % isz:
+                raise ValueError("numpy array strides must be multiples of its item size")
+            self._strides[i] = st[i] // isz
+        self._dtype_code = dtype_code
+        self._itemsize = isz
+        self._device_type = DEVICE_CPU
+        self._device_index = -1
+        return self
+
+    # ------------------------------------------------------------ fields
+
+    @property
+    def shape(self):
+        return tuple([self._shape[i] for i in range(self._ndim)])
+
+    @property
+    def strides(self):
+        """Strides in elements, as PyTorch gives them."""
+        return tuple([self._strides[i] for i in range(self._ndim)])
+
+    @property
+    def ndim(self):
+        return self._ndim
+
+    def dim(self):
+        return self._ndim
+
+    cdef int64_t c_numel(self) noexcept:
+        cdef int64_t n = 1
+        cdef int i
+        for i in range(self._ndim):
+            n *= self._shape[i]
+        return n
+
+    def numel(self):
+        """Return the number of elements."""
+        return self.c_numel()
+
+    @property
+    def nbytes(self):
+        return self.c_numel() * self._itemsize
+
+    @property
+    def itemsize(self):
+        return self._itemsize
+
+    def element_size(self):
+        return self._itemsize
+
+    cdef bint c_is_contiguous(self) noexcept:
+        cdef int64_t expected = 1
+        cdef int i
+        if self.c_numel() == 0:
+            return True
+        for i in range(self._ndim - 1, -1, -1):
+            if self._shape[i] != 1:
+                if self._strides[i] != expected:
+                    return False
+                expected *= self._shape[i]
+        return True
+
+    def is_contiguous(self):
+        """Return True if the elements are laid out in row-major order without gaps."""
+        return self.c_is_contiguous()
+
+    def data_ptr(self):
+        """Address of the first element (device address for CUDA tensors)."""
+        if self._device_type == DEVICE_CPU:
+            return self._array.__array_interface__["data"][0]
+        return self._ptr
+
+    @property
+    def is_cuda(self):
+        return self._device_type == DEVICE_CUDA
+
+    @property
+    def is_cpu(self):
+        return self._device_type == DEVICE_CPU
+
+    @property
+    def _dtype_code_(self):
+        return self._dtype_code
+
+    @property
+    def _device_index_(self):
+        return self._device_index
+
+    @property
+    def _storage_(self):
+        return self._storage
+
+    @property
+    def _array_(self):
+        return self._array
+
+    def storage_offset(self):
+        """Offset of the first element from the start of its storage, in elements."""
+        if self._device_type == DEVICE_CPU:
+            return 0
+        if self._storage is None:
+            return 0
+        return (self._ptr - self._storage.ptr) // self._itemsize
+
+    def record_stream(self, stream):
+        """Mark this tensor's memory as in use by ``stream``: the allocator reuses it
+        only after the work queued there when the tensor dies has finished."""
+        if self._device_type != DEVICE_CUDA:
+            raise TypeError("record_stream needs a CUDA tensor")
+        h = getattr(stream, "handle", None)
+        if h is None:
+            raise TypeError(f"expected a tensorplay.cuda.Stream, got {type(stream).__name__}")
+        if stream.device_index != self._device_index:
+            raise ValueError(f"stream is on cuda:{stream.device_index}, tensor on cuda:{self._device_index}")
+        self._storage.record_stream(h)
+
+    # ------------------------------------------------------------ DLPack
+
+    def __dlpack_device__(self):
+        if self._device_type == DEVICE_CPU:
+            return (kDLCPU, 0)
+        return (kDLCUDA, self._device_index)
+
+    def _dlpack_capsule(self, bint versioned):
+        """Export as a DLPack capsule ('dltensor' or 'dltensor_versioned')."""
+        cdef DLManagedTensor* mt
+        cdef DLManagedTensorVersioned* mv
+        cdef DLTensor* t
+        cdef int64_t* dims
+        cdef int i
+        if self._device_type != DEVICE_CUDA:
+            raise BufferError("CPU tensors export DLPack through numpy")
+        dims = <int64_t*>malloc(sizeof(int64_t) * 2 * (self._ndim if self._ndim else 1))
+        if dims == NULL:
+            raise MemoryError()
+        if versioned:
+            mv = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned))
+            if mv == NULL:
+                free(dims)
+                raise MemoryError()
+            mv.version.major = DLPACK_MAJOR_VERSION
+            mv.version.minor = DLPACK_MINOR_VERSION
+            mv.manager_ctx = <void*>self
+            mv.deleter = _deleter_versioned
+            mv.flags = 0
+            t = &mv.dl_tensor
+        else:
+            mt = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
+            if mt == NULL:
+                free(dims)
+                raise MemoryError()
+            mt.manager_ctx = <void*>self
+            mt.deleter = _deleter_unversioned
+            t = &mt.dl_tensor
+        t.data = <void*>self._ptr
+        t.device.device_type = kDLCUDA
+        t.device.device_id = self._device_index
+        t.ndim = self._ndim
+        t.dtype.code = DL_CODE[self._dtype_code]
+        t.dtype.bits = 8 * self._itemsize
+        t.dtype.lanes = 1
+        t.shape = dims
+        t.strides = dims + self._ndim
+        t.byte_offset = 0
+        for i in range(self._ndim):
+            dims[i] = self._shape[i]
+            dims[self._ndim + i] = self._strides[i]
+        Py_INCREF(self)
+        if versioned:
+            return PyCapsule_New(<void*>mv, b"dltensor_versioned",
+                                 <PyCapsule_Destructor>_capsule_destructor_versioned)
+        return PyCapsule_New(<void*>mt, b"dltensor", <PyCapsule_Destructor>_capsule_destructor)
+
+    # ------------------------------------------------------------ CUDA Array Interface
+
+    @property
+    def __cuda_array_interface__(self):
+        """CUDA Array Interface v3 (CUDA tensors only)."""
+        if self._device_type != DEVICE_CUDA:
+            raise AttributeError("CPU tensors have no __cuda_array_interface__; use __array_interface__")
+        typestr = CAI_TYPESTR[self._dtype_code]
+        if typestr is None:
+            raise TypeError("bfloat16 has no CUDA Array Interface type string; use DLPack")
+        cdef uintptr_t s = <uintptr_t>current_stream_handle(self._device_index)
+        return {
+            "shape": self.shape,
+            "typestr": typestr,
+            "descr": [("", typestr)],
+            "data": (self._ptr, False),
+            "strides": None if self.c_is_contiguous() else
+                       tuple([self._strides[i] * self._itemsize for i in range(self._ndim)]),
+            "version": 3,
+            # the legacy default stream is 1 in the protocol (0 is disallowed)
+            "stream": 1 if s == 0 else s,
+        }
+
+
+cdef void _deleter_unversioned(DLManagedTensor* mt) noexcept nogil:
+    if mt == NULL:
+        return
+    if Py_IsInitialized():
+        with gil:
+            Py_DecRef(<PyObject*>mt.manager_ctx)
+    free(mt.dl_tensor.shape)
+    free(mt)
+
+
+cdef void _deleter_versioned(DLManagedTensorVersioned* mv) noexcept nogil:
+    if mv == NULL:
+        return
+    if Py_IsInitialized():
+        with gil:
+            Py_DecRef(<PyObject*>mv.manager_ctx)
+    free(mv.dl_tensor.shape)
+    free(mv)
+
+
+cdef void _capsule_destructor(PyObject* c) noexcept:
+    cdef DLManagedTensor* mt
+    capsule = <object>c
+    if PyCapsule_IsValid(capsule, b"dltensor"):   # never consumed
+        mt = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+        if mt.deleter != NULL:
+            mt.deleter(mt)
+
+
+cdef void _capsule_destructor_versioned(PyObject* c) noexcept:
+    cdef DLManagedTensorVersioned* mv
+    capsule = <object>c
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        mv = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        if mv.deleter != NULL:
+            mv.deleter(mv)
+
+
+cdef class DLPackOwner:
+    """Owns an imported DLManagedTensor(Versioned); calls its deleter when it dies."""
+    cdef void* managed
+    cdef bint versioned
+
+    def __dealloc__(self):
+        cdef DLManagedTensor* mt
+        cdef DLManagedTensorVersioned* mv
+        if self.managed == NULL:
+            return
+        if self.versioned:
+            mv = <DLManagedTensorVersioned*>self.managed
+            if mv.deleter != NULL:
+                mv.deleter(mv)
+        else:
+            mt = <DLManagedTensor*>self.managed
+            if mt.deleter != NULL:
+                mt.deleter(mt)
+        self.managed = NULL
+
+
+def dlpack_import(capsule):
+    """Consume a DLPack capsule.
+
+    Returns (owner, data_ptr, shape, strides_or_None, (code, bits, lanes),
+    (device_type, device_id), read_only); ``owner`` calls the producer's
+    deleter when it dies. The capsule is renamed to mark it used."""
+    cdef DLTensor* t
+    cdef DLManagedTensorVersioned* mv
+    cdef DLManagedTensor* mt
+    cdef DLPackOwner owner = DLPackOwner.__new__(DLPackOwner)
+    cdef bint read_only = False
+    cdef int i
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        mv = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        if mv.version.major > DLPACK_MAJOR_VERSION:
+            raise BufferError(f"DLPack {mv.version.major}.{mv.version.minor} is newer than supported 1.x")
+        t = &mv.dl_tensor
+        read_only = (mv.flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+        PyCapsule_SetName(capsule, b"used_dltensor_versioned")
+        owner.managed = mv
+        owner.versioned = True
+    elif PyCapsule_IsValid(capsule, b"dltensor"):
+        mt = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+        t = &mt.dl_tensor
+        PyCapsule_SetName(capsule, b"used_dltensor")
+        owner.managed = mt
+        owner.versioned = False
+    else:
+        raise TypeError("expected an unconsumed DLPack capsule ('dltensor' or 'dltensor_versioned')")
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
+    strides = None if t.strides == NULL else tuple([t.strides[i] for i in range(t.ndim)])
+    ptr = <uintptr_t>t.data + t.byte_offset
+    return (owner, ptr, shape, strides, (t.dtype.code, t.dtype.bits, t.dtype.lanes),
+            (t.device.device_type, t.device.device_id), read_only)
+
+
+# ---------------------------------------------------------------- raw transfers
+# Addresses are ints; the caller keeps the host buffers alive for the call.
+
+def memcpy_htod_async(uintptr_t dst, uintptr_t src_host, size_t nbytes, int device, uintptr_t stream):
+    """cuMemcpyHtoDAsync; from pageable memory the driver stages the data
+    before returning, so the host buffer may be dropped afterwards."""
+    if nbytes == 0:
+        return
+    with nogil:
+        ensure_context(device)
+        check(cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, <const void*>src_host, nbytes,
+                                         <cydriver.CUstream>stream))
+
+
+def memcpy_dtoh(uintptr_t dst_host, uintptr_t src, size_t nbytes, int device, uintptr_t stream):
+    """cuMemcpyDtoHAsync on ``stream``, then wait for that stream (GIL released)."""
+    if nbytes == 0:
+        return
+    with nogil:
+        ensure_context(device)
+        check(cydriver.cuMemcpyDtoHAsync(<void*>dst_host, <cydriver.CUdeviceptr>src, nbytes,
+                                         <cydriver.CUstream>stream))
+        check(cydriver.cuStreamSynchronize(<cydriver.CUstream>stream))
+
+
+def memcpy_dtod_async(uintptr_t dst, uintptr_t src, size_t nbytes, int device, uintptr_t stream):
+    """cuMemcpyAsync between two allocations of one device."""
+    if nbytes == 0:
+        return
+    with nogil:
+        ensure_context(device)
+        check(cydriver.cuMemcpyAsync(<cydriver.CUdeviceptr>dst, <cydriver.CUdeviceptr>src, nbytes,
+                                     <cydriver.CUstream>stream))
+
+
+def memcpy_peer_async(uintptr_t dst, int dst_device, uintptr_t src, int src_device,
+                      size_t nbytes, uintptr_t stream):
+    """cuMemcpyPeerAsync; works with or without peer access enabled."""
+    if nbytes == 0:
+        return
+    cdef cydriver.CUcontext dctx = primary_context(dst_device)
+    cdef cydriver.CUcontext sctx = primary_context(src_device)
+    with nogil:
+        ensure_context(dst_device)
+        check(cydriver.cuMemcpyPeerAsync(<cydriver.CUdeviceptr>dst, dctx, <cydriver.CUdeviceptr>src,
+                                         sctx, nbytes, <cydriver.CUstream>stream))
+
+
+def memset_d8_async(uintptr_t dst, unsigned char value, size_t nbytes, int device, uintptr_t stream):
+    if nbytes == 0:
+        return
+    with nogil:
+        ensure_context(device)
+        check(cydriver.cuMemsetD8Async(<cydriver.CUdeviceptr>dst, value, nbytes, <cydriver.CUstream>stream))
+
+
+def pointer_device(uintptr_t ptr):
+    """Return the device ordinal owning device address ``ptr`` (CudaError if it
+    is not device memory), cuPointerGetAttribute."""
+    cdef int ordinal = -1
+    cdef int mtype = 0
+    with nogil:
+        check(cydriver.cuPointerGetAttribute(&mtype, cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                             <cydriver.CUdeviceptr>ptr))
+        check(cydriver.cuPointerGetAttribute(&ordinal, cydriver.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                             <cydriver.CUdeviceptr>ptr))
+    return ordinal, mtype

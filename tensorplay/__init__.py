@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""tensorplay: CUDA graphs made practical from Python, with a small tensor library."""
+
+from __future__ import annotations
+
+from . import cuda
+from ._device import device
+from ._dtypes import (ALL_DTYPES, bfloat16, bool_, dtype, float16, float32, float64, int8, int16,
+                      int32, int64, uint8)
+from ._interop import as_tensor, from_dlpack
+from ._nvrtc import NVRTCError
+from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
+                      ones_like, tensor, zeros, zeros_like)
+
+bool = bool_   # noqa: A001 - tensorplay.bool, as torch.bool
+half = float16
+float = float32  # noqa: A001
+double = float64
+long = int64
+int = int32  # noqa: A001
+short = int16
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALL_DTYPES", "NVRTCError", "Tensor", "arange", "as_tensor", "bfloat16", "bool", "cuda",
+    "device", "double", "dtype", "empty", "empty_like", "float", "float16", "float32", "float64",
+    "from_dlpack", "from_numpy", "full", "full_like", "half", "int", "int8", "int16", "int32",
+    "int64", "is_tensor", "long", "ones", "ones_like", "short", "tensor", "uint8", "zeros",
+    "zeros_like",
+]

@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensor element types and their mapping to NumPy, DLPack and CUDA C."""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import ml_dtypes as _ml_dtypes
+    _BF16_NP = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    _BF16_NP = None
+
+
+class dtype:
+    """An element type. Compare with ``is`` or ``==``; also equal to its name."""
+
+    __slots__ = ("name", "code", "itemsize", "kind", "ctype", "_np")
+
+    def __init__(self, name, code, itemsize, kind, ctype, np_dtype):
+        self.name = name
+        self.code = code
+        self.itemsize = itemsize
+        self.kind = kind          # 'b' bool, 'u' unsigned, 'i' signed, 'f' floating
+        self.ctype = ctype        # storage type in generated CUDA C
+        self._np = np_dtype
+
+    @property
+    def is_floating_point(self):
+        return self.kind == "f"
+
+    @property
+    def is_signed(self):
+        return self.kind in "if"
+
+    @property
+    def numpy_dtype(self):
+        if self._np is None:
+            raise TypeError(f"{self.name} has no NumPy dtype (install ml_dtypes)")
+        return self._np
+
+    def __repr__(self):
+        return f"tensorplay.{self.name}"
+
+    def __eq__(self, other):
+        if isinstance(other, dtype):
+            return other is self
+        if isinstance(other, str):
+            return other == self.name
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __reduce__(self):
+        return (_by_name, (self.name,))
+
+
+bool_ = dtype("bool", 0, 1, "b", "bool", np.dtype(np.bool_))
+uint8 = dtype("uint8", 1, 1, "u", "unsigned char", np.dtype(np.uint8))
+int8 = dtype("int8", 2, 1, "i", "signed char", np.dtype(np.int8))
+int16 = dtype("int16", 3, 2, "i", "short", np.dtype(np.int16))
+int32 = dtype("int32", 4, 4, "i", "int", np.dtype(np.int32))
+int64 = dtype("int64", 5, 8, "i", "long long", np.dtype(np.int64))
+float16 = dtype("float16", 6, 2, "f", "unsigned short", np.dtype(np.float16))
+bfloat16 = dtype("bfloat16", 7, 2, "f", "unsigned short", _BF16_NP)
+float32 = dtype("float32", 8, 4, "f", "float", np.dtype(np.float32))
+float64 = dtype("float64", 9, 8, "f", "double", np.dtype(np.float64))
+
+ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
+_BY_NAME = {d.name: d for d in ALL_DTYPES}
+_BY_NAME.update({"half": float16, "float": float32, "double": float64, "long": int64,
+                 "int": int32, "short": int16, "bool_": bool_})
+_BY_NP = {d._np: d for d in ALL_DTYPES if d._np is not None}
+
+default_float = float32
+default_int = int64
+
+
+def _by_name(name):
+    return _BY_NAME[name]
+
+
+def from_code(code):
+    return ALL_DTYPES[code]
+
+
+def from_numpy_dtype(np_dtype):
+    """The tensorplay dtype of a NumPy dtype; TypeError if unsupported."""
+    nd = np.dtype(np_dtype)
+    d = _BY_NP.get(nd)
+    if d is None:
+        d = _BY_NP.get(nd.newbyteorder("="))
+    if d is None:
+        raise TypeError(f"unsupported NumPy dtype {nd}; supported: "
+                        f"{', '.join(x.name for x in ALL_DTYPES)}")
+    return d
+
+
+def as_dtype(spec):
+    """Normalise a dtype given as tensorplay dtype, name, NumPy dtype or Python type."""
+    if isinstance(spec, dtype):
+        return spec
+    if spec is None:
+        raise TypeError("dtype must not be None here")
+    if spec is bool:
+        return bool_
+    if spec is int:
+        return int64
+    if spec is float:
+        return float64
+    if isinstance(spec, str):
+        d = _BY_NAME.get(spec)
+        if d is not None:
+            return d
+        raise TypeError(f"unknown dtype {spec!r}; expected one of {', '.join(x.name for x in ALL_DTYPES)}")
+    name = getattr(spec, "name", None)   # torch.float32 and the like
+    mod = type(spec).__module__
+    if mod.startswith("torch") and isinstance(str(spec), str):
+        key = str(spec).replace("torch.", "")
+        if key in _BY_NAME:
+            return _BY_NAME[key]
+    try:
+        return from_numpy_dtype(spec)
+    except TypeError:
+        raise
+    except Exception:
+        raise TypeError(f"cannot interpret {spec!r} as a tensorplay dtype") from None
+
+
+# DLPack (code, bits) <-> dtype
+_DL = {(6, 8): bool_, (1, 8): uint8, (0, 8): int8, (0, 16): int16, (0, 32): int32,
+       (0, 64): int64, (2, 16): float16, (4, 16): bfloat16, (2, 32): float32, (2, 64): float64,
+       (1, 1): bool_}
+
+
+def from_dlpack_type(code, bits, lanes):
+    if lanes != 1:
+        raise BufferError(f"DLPack vector types (lanes={lanes}) are not supported")
+    d = _DL.get((code, bits))
+    if d is None:
+        raise BufferError(f"unsupported DLPack dtype (code={code}, bits={bits})")
+    return d
+
+
+# CUDA Array Interface typestr -> dtype
+def from_typestr(typestr):
+    try:
+        return from_numpy_dtype(np.dtype(typestr))
+    except TypeError:
+        raise TypeError(f"unsupported __cuda_array_interface__ typestr {typestr!r}") from None

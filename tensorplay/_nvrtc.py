@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+"""NVRTC compilation of generated CUDA C to CUBIN, cached in memory and on disk.
+
+Runs without a GPU: only the NVRTC library is needed. The cache key covers the
+source, the options, the target architecture and the NVRTC version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+
+__all__ = ["NVRTCError", "compile_cubin", "nvrtc_version", "cache_dir", "supported_archs"]
+
+
+class NVRTCError(RuntimeError):
+    """NVRTC failed to compile a kernel; ``log`` holds the compiler's log."""
+
+    def __init__(self, message, log=""):
+        super().__init__(f"{message}\n{log}" if log else message)
+        self.log = log
+
+    def __reduce__(self):
+        return (type(self), (self.args[0].split("\n", 1)[0], self.log))
+
+
+_lock = threading.Lock()
+_memory_cache: dict[str, bytes] = {}
+_stats = {"compiled": 0, "memory_hits": 0, "disk_hits": 0}
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:  # pragma: no cover
+        raise NVRTCError(f"cuda-bindings' nvrtc module is unavailable: {exc}") from exc
+    return nvrtc
+
+
+def _check(result, what, prog=None):
+    nvrtc = _nvrtc()
+    err = result[0] if isinstance(result, tuple) else result
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        log = _log(prog) if prog is not None else ""
+        _, msg = nvrtc.nvrtcGetErrorString(err)
+        raise NVRTCError(f"{what} failed: {err.name}: {msg.decode()}", log)
+    return result[1:] if isinstance(result, tuple) and len(result) > 2 else (
+        result[1] if isinstance(result, tuple) and len(result) == 2 else None)
+
+
+def _log(prog):
+    nvrtc = _nvrtc()
+    err, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or n <= 1:
+        return ""
+    buf = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\x00 ").decode(errors="replace")
+
+
+def nvrtc_version():
+    """(major, minor) of the NVRTC library in use."""
+    try:
+        nvrtc = _nvrtc()
+        err, major, minor = nvrtc.nvrtcVersion()
+    except NVRTCError:
+        raise
+    except Exception as exc:
+        raise NVRTCError(f"NVRTC library not found ({exc}); pip install 'nvidia-cuda-nvrtc==13.*'") from exc
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise NVRTCError(f"nvrtcVersion failed: {err.name}")
+    return (major, minor)
+
+
+def supported_archs():
+    """Compute capabilities this NVRTC can target, as ints (e.g. 90)."""
+    nvrtc = _nvrtc()
+    err, n = nvrtc.nvrtcGetNumSupportedArchs()
+    _check(err, "nvrtcGetNumSupportedArchs")
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    _check(err, "nvrtcGetSupportedArchs")
+    return list(archs)
+
+
+def cache_dir():
+    """Where compiled kernels are kept: $TENSORPLAY_CACHE_DIR or ~/.cache/tensorplay."""
+    d = os.environ.get("TENSORPLAY_CACHE_DIR")
+    if not d:
+        d = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tensorplay")
+    return os.path.join(d, "kernels")
+
+
+def cache_key(source: str, options: tuple, arch: int) -> str:
+    ver = nvrtc_version()
+    h = hashlib.sha256()
+    for part in (source, "\0".join(options), str(arch), f"{ver[0]}.{ver[1]}"):
+        h.update(part.encode())
+        h.update(b"\x01")
+    return h.hexdigest()
+
+
+def target_for(arch: int) -> tuple[str, bool]:
+    """The --gpu-architecture flag for compute capability ``arch`` and whether it
+    yields CUBIN. A GPU newer than this NVRTC gets PTX of the newest arch NVRTC
+    knows, which an older-or-equal driver can JIT."""
+    archs = supported_archs()
+    if arch in archs:
+        return f"sm_{arch}", True
+    older = [a for a in archs if a <= arch]
+    if not older:
+        raise NVRTCError(f"NVRTC {nvrtc_version()} cannot target compute capability {arch}")
+    return f"compute_{max(older)}", False
+
+
+def compile_cubin(source: str, name: str = "kernel.cu", options=(), arch: int = 90) -> bytes:
+    """Compile ``source`` for compute capability ``arch`` (e.g. 90) and return the
+    CUBIN image (PTX only when the GPU is newer than NVRTC knows).
+
+    Results are cached in memory and under :func:`cache_dir`.
+    """
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a str, got {type(source).__name__}")
+    options = tuple(str(o) for o in options)
+    key = cache_key(source, options, arch)
+    with _lock:
+        hit = _memory_cache.get(key)
+        if hit is not None:
+            _stats["memory_hits"] += 1
+            return hit
+    path = os.path.join(cache_dir(), key[:2], key + ".bin")
+    try:
+        with open(path, "rb") as f:
+            image = f.read()
+        if image:
+            with _lock:
+                _memory_cache[key] = image
+                _stats["disk_hits"] += 1
+            return image
+    except OSError:
+        pass
+    image = _compile(source, name, options, arch)
+    with _lock:
+        _memory_cache[key] = image
+        _stats["compiled"] += 1
+    _write_atomic(path, image)
+    return image
+
+
+def _compile(source, name, options, arch):
+    nvrtc = _nvrtc()
+    nvrtc_version()  # a clear error if the library is missing
+    target, cubin = target_for(arch)
+    opts = [f"--gpu-architecture={target}", "-std=c++17"] + list(options)
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _check(res, f"compiling {name} for {target}", prog)
+        if cubin:
+            err, n = nvrtc.nvrtcGetCUBINSize(prog)
+            _check(err, "nvrtcGetCUBINSize")
+            buf = b" " * n
+            _check(nvrtc.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+        else:
+            err, n = nvrtc.nvrtcGetPTXSize(prog)
+            _check(err, "nvrtcGetPTXSize")
+            buf = b" " * n
+            _check(nvrtc.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
+        return bytes(buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _write_atomic(path, data):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass   # a read-only or full cache only costs a recompile next time
+
+
+def cache_stats():
+    """Counts of compilations and cache hits since start-up."""
+    with _lock:
+        return dict(_stats)
+
+
+def clear_memory_cache():
+    with _lock:
+        _memory_cache.clear()

@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA C generation for elementwise kernels.
+
+One description (operand dtypes, an expression over loaded values, the number
+of dimensions after collapsing) yields one kernel. Every parameter is an 8-byte
+slot (pointers, ``long long``, ``double``), so argument buffers pack without
+padding rules.
+"""
+
+from __future__ import annotations
+
+from .. import _dtypes as dt
+
+# Half types are stored as 16-bit integers and converted with PTX cvt, so no
+# header (cuda_fp16.h) is needed and compute happens in float.
+PREAMBLE = r"""
+typedef unsigned short tp_half;
+typedef unsigned short tp_bf16;
+template <class A, class B> struct tp_same { static constexpr bool value = false; };
+template <class A> struct tp_same<A, A> { static constexpr bool value = true; };
+
+__device__ __forceinline__ float tp_h2f(tp_half h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ tp_half tp_f2h(float f) { tp_half h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ tp_half tp_d2h(double d) { tp_half h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h; }
+__device__ __forceinline__ float tp_b2f(tp_bf16 b) { return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ tp_bf16 tp_f2b(float f) { tp_bf16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ tp_bf16 tp_d2b(double d) { tp_bf16 h; asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h; }
+
+template <class T> __device__ __forceinline__ tp_half tp_to_half(T v) {
+  if constexpr (tp_same<T, double>::value) return tp_d2h(v);
+  else if constexpr (tp_same<T, float>::value) return tp_f2h(v);
+  else return tp_d2h((double)v);
+}
+template <class T> __device__ __forceinline__ tp_bf16 tp_to_bf16(T v) {
+  if constexpr (tp_same<T, double>::value) return tp_d2b(v);
+  else if constexpr (tp_same<T, float>::value) return tp_f2b(v);
+  else return tp_d2b((double)v);
+}
+"""
+
+# load: storage -> compute value; store: any value -> storage
+_LOAD = {
+    "bool": "({p}[{o}] != 0)",
+    "float16": "tp_h2f({p}[{o}])",
+    "bfloat16": "tp_b2f({p}[{o}])",
+}
+_STORE = {
+    "bool": "{p}[{o}] = (({v}) != 0);",
+    "float16": "{p}[{o}] = tp_to_half({v});",
+    "bfloat16": "{p}[{o}] = tp_to_bf16({v});",
+}
+COMPUTE_CTYPE = {
+    "bool": "bool", "float16": "float", "bfloat16": "float",
+}
+
+
+def compute_ctype(d: dt.dtype) -> str:
+    return COMPUTE_CTYPE.get(d.name, d.ctype)
+
+
+def load_expr(d: dt.dtype, ptr: str, off: str) -> str:
+    return _LOAD.get(d.name, "{p}[{o}]").format(p=ptr, o=off)
+
+
+def store_stmt(d: dt.dtype, ptr: str, off: str, value: str) -> str:
+    tmpl = _STORE.get(d.name)
+    if tmpl is None:
+        return f"{ptr}[{off}] = ({d.ctype})({value});"
+    return tmpl.format(p=ptr, o=off, v=value)
+
+
+def scalar_ctype(kind: str) -> str:
+    """'f' scalars travel as double, 'i' as long long."""
+    return "double" if kind == "f" else "long long"
+
+
+def elementwise_source(name: str, out: dt.dtype, inputs: tuple, expr: str,
+                       ndim: int, scalars: tuple = (), preamble: str = "") -> str:
+    """CUDA C for ``out[i] = expr(a0, a1, ..., s0, s1, ...)`` over ``ndim``
+    collapsed dimensions (0: every operand contiguous, flat indexing).
+
+    Parameters are: out pointer, input pointers, element count, scalars, then
+    for ndim > 0 the sizes and each operand's strides (elements), 8 bytes each.
+    """
+    nops = 1 + len(inputs)
+    params = [f"{out.ctype}* __restrict__ out"]
+    params += [f"const {d.ctype}* __restrict__ in{k}" for k, d in enumerate(inputs)]
+    params.append("long long n")
+    params += [f"{scalar_ctype(kind)} s{k}" for k, kind in enumerate(scalars)]
+    if ndim:
+        params.append(f"tp_geom_{ndim}_{nops} g")
+    body = []
+    if ndim:
+        body.append("    long long rem = i;")
+        for k in range(nops):
+            body.append(f"    long long o{k} = 0;")
+        body.append(f"    #pragma unroll\n    for (int d = {ndim - 1}; d >= 0; --d) {{")
+        body.append("      long long c = rem % g.size[d]; rem /= g.size[d];")
+        for k in range(nops):
+            body.append(f"      o{k} += c * g.stride[{k}][d];")
+        body.append("    }")
+        offs = [f"o{k}" for k in range(nops)]
+    else:
+        offs = ["i"] * nops
+    for k, d in enumerate(inputs):
+        body.append(f"    {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', offs[k + 1])};")
+    body.append("    " + store_stmt(out, "out", offs[0], expr))
+    geom = ""
+    if ndim:
+        geom = (f"struct tp_geom_{ndim}_{nops} {{ long long size[{ndim}]; "
+                f"long long stride[{nops}][{ndim}]; }};\n")
+    return (PREAMBLE + preamble + geom +
+            f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
+            "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
+            "       i += (long long)gridDim.x * blockDim.x) {\n"
+            + "\n".join(body) + "\n  }\n}\n")
+
+
+def collapse_dims(shape, strides_list):
+    """Merge dimensions that are contiguous in every operand and drop size-1
+    dimensions. Returns (shape, [strides per operand]); shape () means one
+    element; a result with every operand row-major contiguous returns ndim 0
+    for the caller to use flat indexing."""
+    dims = [i for i, s in enumerate(shape) if s != 1]
+    shape2 = [shape[i] for i in dims]
+    strides2 = [[st[i] for i in dims] for st in strides_list]
+    if not shape2:
+        return (), [[] for _ in strides_list]
+    out_shape = [shape2[0]]
+    out_strides = [[st[0]] for st in strides2]
+    for i in range(1, len(shape2)):
+        mergeable = all(st[i - 1] == st[i] * shape2[i] for st in strides2)
+        if mergeable:
+            out_shape[-1] *= shape2[i]
+            for k, st in enumerate(strides2):
+                out_strides[k][-1] = st[i]
+        else:
+            out_shape.append(shape2[i])
+            for k, st in enumerate(strides2):
+                out_strides[k].append(st[i])
+    return tuple(out_shape), out_strides

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compiled-kernel cache and the elementwise launcher.
+
+Kernels are looked up by a small descriptor tuple, so the CUDA C source is
+generated and compiled once per (op, dtypes, dims, device) and later launches
+cost a dict lookup plus packing the argument buffer.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+from .. import _nvrtc
+from .._cuda import get_device_capability, get_device_properties
+from .._kernel import Module
+from .._stream import current_stream_handle_of
+from . import _codegen
+
+BLOCK = 256
+
+_lock = threading.Lock()
+_functions: dict = {}
+_modules: dict = {}
+_arch_cache: dict = {}
+_sm_cache: dict = {}
+
+
+def device_arch(device: int) -> int:
+    a = _arch_cache.get(device)
+    if a is None:
+        major, minor = get_device_capability(device)
+        a = _arch_cache[device] = major * 10 + minor
+    return a
+
+
+def sm_count(device: int) -> int:
+    n = _sm_cache.get(device)
+    if n is None:
+        n = _sm_cache[device] = get_device_properties(device)["multi_processor_count"]
+    return n
+
+
+def load_function(source: str, name: str, device: int, options=()):
+    """Compile (cached) and load ``name`` from ``source`` on ``device``."""
+    image = _nvrtc.compile_cubin(source, name + ".cu", tuple(options), device_arch(device))
+    with _lock:
+        mod = _modules.get((image, device))
+        if mod is None:
+            mod = _modules[(image, device)] = Module(image, device)
+    return mod.get_function(name)
+
+
+def cached_function(key, device: int, make_source):
+    """The kernel for descriptor ``key`` on ``device``; ``make_source()`` returns
+    (source, name) the first time."""
+    f = _functions.get((key, device))
+    if f is None:
+        source, name = make_source()
+        f = load_function(source, name, device)
+        _functions[(key, device)] = f
+    return f
+
+
+def grid_for(n: int, device: int) -> int:
+    blocks = (n + BLOCK - 1) // BLOCK
+    return max(1, min(blocks, sm_count(device) * 16))
+
+
+def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
+                       scalars=(), scalar_kinds=(), preamble: str = "", stream=None):
+    """Launch ``out[i] = expr`` over ``out``'s shape.
+
+    ``inputs`` are CUDA tensors on ``out``'s device; ``in_strides`` gives each
+    input's strides broadcast to ``out.shape`` (0 on broadcast dimensions).
+    ``scalars`` are passed as double ('f') or long long ('i') per ``scalar_kinds``.
+    """
+    n = out.numel()
+    if n == 0:
+        return
+    dev = out._device_index_
+    if in_strides is None:
+        in_strides = [t.strides for t in inputs]
+    shape, strides = _codegen.collapse_dims(out.shape, [out.strides] + list(in_strides))
+    ndim = len(shape)
+    if ndim == 1 and all(st[0] == 1 for st in strides):
+        ndim = 0                       # every operand contiguous: flat indexing
+    elif ndim == 0:
+        ndim = 0                       # a single element
+    out_dt = out.dtype
+    in_dts = tuple(t.dtype for t in inputs)
+    kinds = tuple(scalar_kinds)
+    key = (op_key, out_dt.code, tuple(d.code for d in in_dts), ndim, kinds)
+
+    def make():
+        name = f"tp_{op_key}_{out_dt.name}_" + "_".join(d.name for d in in_dts) + f"_{ndim}d"
+        return _codegen.elementwise_source(name, out_dt, in_dts, expr, ndim, kinds, preamble), name
+
+    f = cached_function(key, dev, make)
+    fmt = ["<", "Q" * (1 + len(inputs)), "q"]
+    vals = [out.data_ptr()] + [t.data_ptr() for t in inputs] + [n]
+    for kind, v in zip(kinds, scalars):
+        fmt.append("d" if kind == "f" else "q")
+        vals.append(v)
+    if ndim:
+        fmt.append("q" * (ndim * (len(strides) + 1)))
+        vals.extend(shape)
+        for st in strides:
+            vals.extend(st)
+    params = struct.pack("".join(fmt), *vals)
+    if stream is None:
+        stream = current_stream_handle_of(dev)
+    f.launch(grid_for(n, dev), BLOCK, params, 0, stream)

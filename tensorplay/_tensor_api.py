@@ -1,0 +1,693 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tensorplay.Tensor``: creation, movement, copies, basic views."""
+
+from __future__ import annotations
+
+import builtins
+import numbers
+import operator
+
+import numpy as np
+
+from . import _dtypes as dt
+from ._alloc import _allocate
+from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
+from ._device import as_device, device as _device_cls
+from ._ops import _kernels
+from ._stream import Event, current_stream, current_stream_handle_of
+from ._tensor import TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
+
+__all__ = ["Tensor", "tensor", "empty", "zeros", "ones", "full", "arange", "empty_like",
+           "zeros_like", "ones_like", "full_like", "from_numpy", "is_tensor"]
+
+
+# ------------------------------------------------------------------ helpers
+
+def _parse_size(size):
+    """empty(2, 3), empty((2, 3)) and empty([2, 3]) all mean shape (2, 3)."""
+    if len(size) == 1 and not isinstance(size[0], numbers.Integral):
+        size = size[0]
+        if isinstance(size, (str, bytes)) or not hasattr(size, "__iter__"):
+            raise TypeError(f"size must be ints or a sequence of ints, got {type(size).__name__}")
+        size = tuple(size)
+    out = []
+    for s in size:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"size must contain ints, got {s!r} ({type(s).__name__})")
+        s = int(s)
+        if s < 0:
+            raise ValueError(f"negative dimension {s} in size {tuple(size)}")
+        out.append(s)
+    if len(out) > 32:
+        raise ValueError(f"tensors have at most 32 dimensions, got {len(out)}")
+    return tuple(out)
+
+
+def _contiguous_strides(shape):
+    strides = [1] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(shape[i], 1)
+    return tuple(strides)
+
+
+def _resolve_device(device):
+    """-> -1 for CPU, else a validated CUDA device index."""
+    d = as_device(device)
+    if d.type == "cpu":
+        return -1
+    return _cuda_device_index(d.index)
+
+
+def _resolve_dtype(dtype, default=None):
+    if dtype is None:
+        return default if default is not None else dt.default_float
+    return dt.as_dtype(dtype)
+
+
+def _new_cuda(storage, ptr, shape, strides, dtype, device):
+    t = Tensor.__new__(Tensor)
+    t._set_cuda(storage, ptr, shape, strides, dtype.code, device)
+    return t
+
+
+def _new_cpu(array, dtype=None):
+    t = Tensor.__new__(Tensor)
+    t._set_cpu(array, (dtype or dt.from_numpy_dtype(array.dtype)).code)
+    return t
+
+
+def _empty_cuda(shape, dtype, device):
+    n = 1
+    for s in shape:
+        n *= s
+    storage = _allocate(n * dtype.itemsize, device, current_stream_handle_of(device))
+    return _new_cuda(storage, storage.ptr, shape, _contiguous_strides(shape), dtype, device)
+
+
+def _broadcast_shape(a, b):
+    """NumPy broadcasting of two shapes; ValueError when they don't broadcast."""
+    n = max(len(a), len(b))
+    a2 = (1,) * (n - len(a)) + tuple(a)
+    b2 = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a2, b2):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ValueError(f"shapes {tuple(a)} and {tuple(b)} cannot be broadcast together")
+    return tuple(out)
+
+
+def broadcast_strides(t, shape):
+    """``t``'s strides seen at ``shape`` (0 on broadcast dims); ValueError when
+    ``t.shape`` does not broadcast to ``shape``."""
+    ts, st = t.shape, t.strides
+    if len(ts) > len(shape):
+        raise ValueError(f"shape {ts} cannot be broadcast to {tuple(shape)}")
+    pad = len(shape) - len(ts)
+    out = [0] * pad
+    for i, (s, stride) in enumerate(zip(ts, st)):
+        target = shape[pad + i]
+        if s == target:
+            out.append(stride if s != 1 else 0)
+        elif s == 1:
+            out.append(0)
+        else:
+            raise ValueError(f"shape {ts} cannot be broadcast to {tuple(shape)}")
+    return tuple(out)
+
+
+def _infer_dtype(arr, data):
+    """PyTorch's inference: NumPy arrays keep their dtype; Python floats are float32."""
+    if isinstance(data, (np.ndarray, np.generic)):
+        return dt.from_numpy_dtype(arr.dtype)
+    k = arr.dtype.kind
+    if k == "b":
+        return dt.bool_
+    if k in "iu":
+        return dt.int64
+    if k == "f":
+        return dt.default_float
+    raise TypeError(f"cannot make a tensor from data of NumPy dtype {arr.dtype}")
+
+
+def _to_numpy_data(data, dtype):
+    """Host array (any layout) of ``data`` in ``dtype`` (inferred when None)."""
+    if isinstance(data, Tensor):
+        arr = data.numpy()
+        src = arr
+    else:
+        src = data
+        if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flat_iter(data)):
+            src = [x.numpy() if isinstance(x, Tensor) else x for x in data]
+        try:
+            arr = np.asarray(src)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"cannot make a tensor from {type(data).__name__}: {exc}") from None
+        if arr.dtype == object:
+            raise TypeError(f"cannot make a tensor from {type(data).__name__}: ragged or non-numeric data")
+    d = _infer_dtype(arr, src) if dtype is None else dt.as_dtype(dtype)
+    if arr.dtype != d.numpy_dtype:
+        arr = arr.astype(d.numpy_dtype)
+    return arr, d
+
+
+def _flat_iter(x):
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat_iter(y)
+    else:
+        yield x
+
+
+# ------------------------------------------------------------------ creation
+
+def tensor(data, dtype=None, device=None):
+    """Make a new tensor holding a copy of ``data`` (nested lists, scalars, NumPy
+    arrays, tensors). Python floats default to float32, ints to int64."""
+    dev = _resolve_device(device)
+    arr, d = _to_numpy_data(data, dtype)
+    if dev < 0:
+        return _new_cpu(np.array(arr, dtype=d.numpy_dtype, copy=True), d)
+    out = _empty_cuda(arr.shape, d, dev)
+    _upload(out, np.ascontiguousarray(arr))
+    return out
+
+
+def from_numpy(array):
+    """Wrap a NumPy array as a CPU tensor without copying (they share memory)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected a numpy.ndarray, got {type(array).__name__}")
+    if not array.dtype.isnative:
+        raise ValueError("non-native byte order is not supported; use array.astype(array.dtype.newbyteorder('='))")
+    return _new_cpu(array)
+
+
+def empty(*size, dtype=None, device=None):
+    """Make an uninitialised tensor (CUDA memory comes from the caching allocator)."""
+    shape = _parse_size(size)
+    d = _resolve_dtype(dtype)
+    dev = _resolve_device(device)
+    if dev < 0:
+        return _new_cpu(np.empty(shape, dtype=d.numpy_dtype), d)
+    return _empty_cuda(shape, d, dev)
+
+
+def zeros(*size, dtype=None, device=None):
+    """Make a tensor of zeros."""
+    t = empty(*size, dtype=dtype, device=device)
+    return t.zero_()
+
+
+def ones(*size, dtype=None, device=None):
+    """Make a tensor of ones."""
+    return empty(*size, dtype=dtype, device=device).fill_(1)
+
+
+def full(size, fill_value, dtype=None, device=None):
+    """Make a tensor filled with ``fill_value``; its dtype follows the value
+    (bool, int64 or float32) when not given."""
+    if dtype is None:
+        if isinstance(fill_value, (bool, np.bool_)):
+            dtype = dt.bool_
+        elif isinstance(fill_value, numbers.Integral):
+            dtype = dt.int64
+        else:
+            dtype = dt.default_float
+    if isinstance(size, numbers.Integral):
+        size = (size,)
+    return empty(size, dtype=dtype, device=device).fill_(fill_value)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None):
+    """Values from ``start`` up to (not including) ``end`` by ``step``."""
+    if end is None:
+        start, end = 0, start
+    for v in (start, end, step):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"arange takes real numbers, got {v!r}")
+    if step == 0:
+        raise ValueError("arange step must be non-zero")
+    if dtype is None:
+        all_int = all(isinstance(v, numbers.Integral) for v in (start, end, step))
+        dtype = dt.int64 if all_int else dt.default_float
+    d = dt.as_dtype(dtype)
+    arr = np.arange(start, end, step, dtype=np.float64 if d.kind == "f" else np.int64).astype(d.numpy_dtype)
+    return tensor(arr, dtype=d, device=device)
+
+
+def _like(t, dtype, device):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"expected a Tensor, got {type(t).__name__}")
+    return (t.dtype if dtype is None else dtype), (t.device if device is None else device)
+
+
+def empty_like(t, dtype=None, device=None):
+    d, dev = _like(t, dtype, device)
+    return empty(t.shape, dtype=d, device=dev)
+
+
+def zeros_like(t, dtype=None, device=None):
+    d, dev = _like(t, dtype, device)
+    return zeros(t.shape, dtype=d, device=dev)
+
+
+def ones_like(t, dtype=None, device=None):
+    d, dev = _like(t, dtype, device)
+    return ones(t.shape, dtype=d, device=dev)
+
+
+def full_like(t, fill_value, dtype=None, device=None):
+    d, dev = _like(t, dtype, device)
+    return full(t.shape, fill_value, dtype=d, device=dev)
+
+
+def is_tensor(obj):
+    return isinstance(obj, Tensor)
+
+
+# ------------------------------------------------------------------ transfers
+
+def _upload(dst, host):
+    """Copy the contiguous host array ``host`` (dst's dtype and shape) into CUDA ``dst``."""
+    dev = dst._device_index_
+    memcpy_htod_async(dst.data_ptr(), host.ctypes.data, host.nbytes, dev, current_stream_handle_of(dev))
+
+
+def _download(src):
+    """A new host array with ``src``'s values (waits for the current stream)."""
+    if not src.is_contiguous():
+        src = src.contiguous()
+    d = src.dtype
+    out = np.empty(src.shape, dtype=d.numpy_dtype)
+    dev = src._device_index_
+    memcpy_dtoh(out.ctypes.data, src.data_ptr(), out.nbytes, dev, current_stream_handle_of(dev))
+    return out
+
+
+def _as_source(src):
+    if isinstance(src, Tensor):
+        return src
+    if isinstance(src, (numbers.Number, np.generic, np.ndarray, list, tuple)):
+        arr, _ = _to_numpy_data(src, None)
+        return _new_cpu(arr)
+    if hasattr(src, "__cuda_array_interface__") or hasattr(src, "__dlpack__"):
+        from ._interop import as_tensor
+        return as_tensor(src)
+    raise TypeError(f"cannot copy from {type(src).__name__}")
+
+
+def _overlaps(a, b):
+    """True when two CUDA tensors' memory ranges intersect (and are not identical views)."""
+    if a._device_index_ != b._device_index_ or a.numel() == 0 or b.numel() == 0:
+        return False
+    def span(t):
+        lo = hi = t.data_ptr()
+        for s, st in zip(t.shape, t.strides):
+            ext = (s - 1) * st * t.itemsize
+            if ext < 0:
+                lo += ext
+            else:
+                hi += ext
+        return lo, hi + t.itemsize
+    (a0, a1), (b0, b1) = span(a), span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    return not (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.strides == b.strides)
+
+
+def copy_into(dst, src):
+    """``dst.copy_(src)``: any device pair, dtype casts, broadcasting, strides."""
+    src = _as_source(src)
+    shape = dst.shape
+    if src.shape != shape:
+        broadcast_strides(src, shape)   # ValueError if src cannot broadcast to dst
+    if dst.is_cpu:
+        host = src._array_ if src.is_cpu else _download(src)
+        np.copyto(dst._array_, host, casting="unsafe")
+        return dst
+    dev = dst._device_index_
+    if src.is_cpu:
+        host = src._array_
+        if src.shape == shape and dst.is_contiguous():
+            _upload(dst, np.ascontiguousarray(host, dtype=dst.dtype.numpy_dtype))
+            return dst
+        tmp = _empty_cuda(src.shape, src.dtype, dev)
+        _upload(tmp, np.ascontiguousarray(host))
+        src = tmp
+    elif src._device_index_ != dev:
+        src = _to_device(src, dev)
+    elif _overlaps(dst, src):
+        src = src.clone()
+    if src.shape == shape and src.dtype is dst.dtype and src.is_contiguous() and dst.is_contiguous():
+        memcpy_dtod_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, dev, current_stream_handle_of(dev))
+        return dst
+    _kernels.launch_elementwise("copy", "a0", dst, (src,), (broadcast_strides(src, shape),))
+    return dst
+
+
+def _to_device(src, dev):
+    """A contiguous copy of CUDA ``src`` on device ``dev`` (peer copy, ordered after
+    the work queued on src's current stream)."""
+    if not src.is_contiguous():
+        src = src.contiguous()
+    out = _empty_cuda(src.shape, src.dtype, dev)
+    sdev = src._device_index_
+    dst_stream = current_stream(dev)
+    ev = Event()
+    ev.record(current_stream(sdev))
+    dst_stream.wait_event(ev)
+    memcpy_peer_async(out.data_ptr(), dev, src.data_ptr(), sdev, src.nbytes, dst_stream.handle)
+    # later work on the source's stream (reuse of its memory included) waits for the copy
+    ev2 = Event()
+    ev2.record(dst_stream)
+    current_stream(sdev).wait_event(ev2)
+    return out
+
+
+# ------------------------------------------------------------------ the class
+
+def _fill_scalar(t, value):
+    d = t.dtype
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"fill_ takes a scalar or a one-element tensor, got shape {value.shape}")
+        value = value.item()
+    if isinstance(value, (np.generic,)):
+        value = value.item()
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"fill value must be a real number, got {type(value).__name__}")
+    if t.is_cpu:
+        t._array_[...] = value
+        return t
+    if d.kind == "f":
+        kind, v = "f", float(value)
+    else:
+        if isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                if d.kind == "b":
+                    kind, v = "i", 1
+                else:
+                    raise ValueError(f"cannot fill a {d.name} tensor with {value}")
+            else:
+                kind, v = "i", (1 if (d.kind == "b" and value != 0) else int(value))
+        else:
+            kind, v = "i", int(value)
+        if d.kind == "b":
+            v = 1 if v != 0 else 0
+        elif not (-(1 << 63) <= v < (1 << 63)):
+            raise OverflowError(f"value {value} does not fit in {d.name}")
+    _kernels.launch_elementwise("fill", "s0", t, (), (), (v,), (kind,))
+    return t
+
+
+class Tensor(TensorBase):
+    """An n-dimensional array on the CPU (a NumPy array underneath) or on a CUDA
+    device (memory from the caching allocator). Make one with
+    :func:`tensorplay.tensor`, :func:`tensorplay.empty` and friends.
+
+    CUDA work is queued on the current stream and does not wait, except where
+    a host value is produced (``item``, ``tolist``, ``numpy``, ``bool``).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use tensorplay.tensor(), tensorplay.empty() and friends to make tensors")
+
+    # ---------------------------------------------------------------- metadata
+
+    @property
+    def dtype(self):
+        return dt.ALL_DTYPES[self._dtype_code_]
+
+    @property
+    def device(self):
+        i = self._device_index_
+        return _device_cls("cpu") if i < 0 else _device_cls("cuda", i)
+
+    def size(self, dim=None):
+        if dim is None:
+            return self.shape
+        return self.shape[self._dim(dim)]
+
+    def stride(self, dim=None):
+        if dim is None:
+            return self.strides
+        return self.strides[self._dim(dim)]
+
+    def _dim(self, dim):
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise TypeError(f"dimension must be an int, got {dim!r}")
+        n = self.ndim
+        if not -max(n, 1) <= dim < max(n, 1):
+            raise IndexError(f"dimension {dim} out of range for a {n}-d tensor")
+        return dim % max(n, 1)
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self):
+        arr = self.numpy()
+        body = np.array2string(arr.astype(np.float32) if self.dtype is dt.bfloat16 else arr,
+                               separator=", ", prefix="tensor(")
+        extra = []
+        if self.is_cuda:
+            extra.append(f"device='{self.device}'")
+        if self.dtype not in (dt.float32, dt.int64, dt.bool_):
+            extra.append(f"dtype={self.dtype!r}")
+        return "tensor(" + body + "".join(", " + e for e in extra) + ")"
+
+    # ---------------------------------------------------------------- movement
+
+    def numpy(self):
+        """Return the values as a NumPy array: the same memory for CPU tensors,
+        a host copy for CUDA tensors (waits for the current stream)."""
+        if self.is_cpu:
+            return self._array_
+        return _download(self)
+
+    def __array__(self, dtype=None, copy=None):
+        if self.is_cuda:
+            raise TypeError("a CUDA tensor cannot be converted to NumPy implicitly; use .cpu() or .numpy()")
+        a = self._array_
+        if dtype is not None:
+            a = a.astype(dtype, copy=bool(copy))
+        elif copy:
+            a = a.copy()
+        return a
+
+    def item(self):
+        """Return the value of a one-element tensor as a Python scalar."""
+        if self.numel() != 1:
+            raise ValueError(f"item() needs exactly one element, the tensor has {self.numel()}")
+        return self.numpy().reshape(()).item() if self.dtype is not dt.bfloat16 else \
+            float(self.numpy().reshape(()).astype(np.float32))
+
+    def tolist(self):
+        a = self.numpy()
+        if self.dtype is dt.bfloat16:
+            a = a.astype(np.float32)
+        return a.tolist()
+
+    def __bool__(self):
+        if self.numel() != 1:
+            raise ValueError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
+        return bool(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __index__(self):
+        if self.dtype.kind not in "iub":
+            raise TypeError(f"only integer tensors can be used as an index, not {self.dtype.name}")
+        return operator.index(self.item())
+
+    def cpu(self):
+        """Return a CPU copy (self when already on the CPU)."""
+        return self if self.is_cpu else self.to("cpu")
+
+    def cuda(self, device=None):
+        """Return a copy on CUDA device ``device`` (default: current); self when already there."""
+        idx = _cuda_device_index(device)
+        return self.to(_device_cls("cuda", idx))
+
+    def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
+        """Return the tensor on another device and/or dtype: ``to('cuda')``,
+        ``to(tensorplay.float16)``, ``to('cuda:0', tensorplay.float16)``,
+        ``to(other_tensor)``. Returns self when nothing changes and ``copy`` is False."""
+        for a in args:
+            if isinstance(a, Tensor):
+                device, dtype = a.device, a.dtype
+            elif isinstance(a, dt.dtype) or (isinstance(a, str) and a in dt._BY_NAME) or \
+                    isinstance(a, (np.dtype, type)):
+                dtype = a
+            else:
+                device = a
+        d = self.dtype if dtype is None else dt.as_dtype(dtype)
+        if device is None:
+            dev = self._device_index_
+        else:
+            dev = _resolve_device(device)
+        if not copy and d is self.dtype and dev == self._device_index_:
+            return self
+        out = empty(self.shape, dtype=d, device="cpu" if dev < 0 else _device_cls("cuda", dev))
+        return copy_into(out, self)
+
+    def clone(self):
+        """Return a contiguous copy on the same device."""
+        return copy_into(empty_like(self), self)
+
+    def contiguous(self):
+        """Return self if contiguous, else a contiguous copy."""
+        return self if self.is_contiguous() else self.clone()
+
+    def copy_(self, src, non_blocking=False):
+        """Copy ``src`` into this tensor in place: any device pair, dtype casts,
+        broadcasting of ``src`` to this shape, any layout. Asynchronous on the
+        current stream for CUDA destinations."""
+        return copy_into(self, src)
+
+    def fill_(self, value):
+        """Fill with ``value`` (cast to this dtype), in place."""
+        return _fill_scalar(self, value)
+
+    def zero_(self):
+        """Fill with zeros in place (cuMemsetD8Async when contiguous)."""
+        if self.is_cuda and self.is_contiguous():
+            dev = self._device_index_
+            memset_d8_async(self.data_ptr(), 0, self.nbytes, dev, current_stream_handle_of(dev))
+            return self
+        return _fill_scalar(self, 0)
+
+    def record_stream(self, stream):
+        return TensorBase.record_stream(self, stream)
+
+    # ---------------------------------------------------------------- interop
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Export through DLPack. For CUDA tensors, ``stream`` is the consumer's
+        stream: it is made to wait for this device's current stream."""
+        if dl_device is not None and tuple(dl_device) != tuple(self.__dlpack_device__()):
+            if tuple(dl_device)[0] == 1:
+                return self.cpu().__dlpack__(max_version=max_version, copy=False)
+            raise BufferError(f"cannot export to DLPack device {dl_device}")
+        if copy:
+            return self.clone().__dlpack__(stream=stream, max_version=max_version)
+        if self.is_cpu:
+            kw = {} if max_version is None else {"max_version": max_version}
+            return self._array_.__dlpack__(**kw)
+        if stream is not None and stream != -1:
+            if isinstance(stream, bool) or not isinstance(stream, int):
+                raise TypeError(f"stream must be an int or None, got {type(stream).__name__}")
+            consumer = 0 if stream == 1 else stream
+            mine = current_stream_handle_of(self._device_index_)
+            if consumer != mine:
+                from ._stream import ExternalStream
+                ev = Event()
+                ev.record(current_stream(self._device_index_))
+                ExternalStream(consumer, device=self._device_index_).wait_event(ev)
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        return self._dlpack_capsule(versioned)
+
+    # ---------------------------------------------------------------- views
+
+    def _view_of(self, shape, strides, offset_elems=0):
+        """A CUDA view sharing storage (the storage keeps the memory alive)."""
+        return _new_cuda(self._storage_, self.data_ptr() + offset_elems * self.itemsize,
+                         tuple(shape), tuple(strides), self.dtype, self._device_index_)
+
+    def _cpu_view(self, array):
+        return _new_cpu(array, self.dtype)
+
+    def __getitem__(self, index):
+        from ._ops._views import getitem
+        return getitem(self, index)
+
+    def __setitem__(self, index, value):
+        from ._ops._views import getitem
+        target = getitem(self, index)
+        if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray):
+            target.fill_(value)
+        else:
+            copy_into(target, value)
+
+    def view(self, *shape):
+        from ._ops._views import view
+        return view(self, _parse_view_shape(shape, self.numel()))
+
+    def reshape(self, *shape):
+        from ._ops._views import reshape
+        return reshape(self, _parse_view_shape(shape, self.numel()))
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        from ._ops._views import flatten
+        return flatten(self, start_dim, end_dim)
+
+    def transpose(self, dim0, dim1):
+        from ._ops._views import permute
+        perm = list(range(self.ndim))
+        a, b = self._dim(dim0), self._dim(dim1)
+        if self.ndim:
+            perm[a], perm[b] = perm[b], perm[a]
+        return permute(self, perm)
+
+    def permute(self, *dims):
+        from ._ops._views import permute
+        if len(dims) == 1 and not isinstance(dims[0], numbers.Integral):
+            dims = tuple(dims[0])
+        return permute(self, [self._dim(d) for d in dims])
+
+    @property
+    def T(self):
+        return self.permute(*reversed(range(self.ndim)))
+
+    def expand(self, *shape):
+        from ._ops._views import expand
+        if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+            shape = tuple(shape[0])
+        return expand(self, shape)
+
+    def unsqueeze(self, dim):
+        from ._ops._views import unsqueeze
+        return unsqueeze(self, dim)
+
+    def squeeze(self, dim=None):
+        from ._ops._views import squeeze
+        return squeeze(self, dim)
+
+
+def _parse_view_shape(shape, numel):
+    if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+        shape = tuple(shape[0])
+    shape = list(shape)
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"shape must contain ints, got {s!r}")
+    infer = [i for i, s in enumerate(shape) if s == -1]
+    if len(infer) > 1:
+        raise ValueError("only one dimension can be inferred (-1)")
+    if any(s < -1 for s in shape):
+        raise ValueError(f"invalid shape {tuple(shape)}")
+    known = 1
+    for s in shape:
+        if s != -1:
+            known *= s
+    if infer:
+        if known == 0 or numel % known:
+            raise ValueError(f"shape {tuple(shape)} is invalid for a tensor of {numel} elements")
+        shape[infer[0]] = numel // known
+    elif known != numel:
+        raise ValueError(f"shape {tuple(shape)} is invalid for a tensor of {numel} elements")
+    return tuple(int(s) for s in shape)

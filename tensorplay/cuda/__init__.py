@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA devices, streams, events and memory: ``tensorplay.cuda``."""
+
+from __future__ import annotations
+
+from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
+                      memory_allocated, memory_reserved, memory_stats, reset_peak_memory_stats)
+from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_device_access_peer,
+                     current_device, device_count, driver_version, get_device_capability,
+                     get_device_name, get_device_properties, is_available, mem_get_info,
+                     set_device, synchronize, unavailable_reason)
+from .._cuda import device_index as _device_index
+from .._stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
+                       stream)
+
+__all__ = [
+    "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
+    "can_device_access_peer", "current_device", "current_stream", "default_stream", "device",
+    "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
+    "get_device_properties", "graph_pool_handle", "is_available", "max_memory_allocated",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats",
+    "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
+    "unavailable_reason",
+]
+
+
+class device:
+    """Context manager: make ``device`` this thread's current CUDA device, and
+    restore the previous one on exit. ``None`` or a CPU device does nothing."""
+
+    def __init__(self, device):
+        self._index = None
+        if device is None or (isinstance(device, str) and device == "cpu") or \
+                getattr(device, "type", None) == "cpu":
+            return
+        self._index = _device_index(device)
+        self._prev = None
+
+    def __enter__(self):
+        if self._index is not None:
+            self._prev = current_device()
+            set_device(self._index)
+        return self
+
+    def __exit__(self, *exc):
+        if self._index is not None:
+            set_device(self._prev)
+        return False
