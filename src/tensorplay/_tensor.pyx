@@ -18,6 +18,9 @@ from tensorplay._dlpack cimport *
 cdef extern from "Python.h":
     int Py_IsInitialized() nogil
     void Py_DecRef(PyObject*)
+    # PyObject* forms: a capsule destructor must not touch its refcount
+    int capsule_is_valid "PyCapsule_IsValid" (PyObject*, const char*)
+    void* capsule_get_pointer "PyCapsule_GetPointer" (PyObject*, const char*)
 
 cdef int ITEMSIZE[10]
 ITEMSIZE[:] = [1, 1, 1, 2, 4, 8, 2, 2, 4, 8]
@@ -314,20 +317,18 @@ cdef void _deleter_versioned(DLManagedTensorVersioned* mv) noexcept nogil:
     free(mv)
 
 
-cdef void _capsule_destructor(PyObject* c) noexcept:
+cdef void _capsule_destructor(PyObject* capsule) noexcept:
     cdef DLManagedTensor* mt
-    capsule = <object>c
-    if PyCapsule_IsValid(capsule, b"dltensor"):   # never consumed
-        mt = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    if capsule_is_valid(capsule, b"dltensor"):   # never consumed
+        mt = <DLManagedTensor*>capsule_get_pointer(capsule, b"dltensor")
         if mt.deleter != NULL:
             mt.deleter(mt)
 
 
-cdef void _capsule_destructor_versioned(PyObject* c) noexcept:
+cdef void _capsule_destructor_versioned(PyObject* capsule) noexcept:
     cdef DLManagedTensorVersioned* mv
-    capsule = <object>c
-    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        mv = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+    if capsule_is_valid(capsule, b"dltensor_versioned"):
+        mv = <DLManagedTensorVersioned*>capsule_get_pointer(capsule, b"dltensor_versioned")
         if mv.deleter != NULL:
             mv.deleter(mv)
 

@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+import gc
+
+import numpy as np
+import pytest
+
+import tensorplay as tp
+
+HAS_CUDA = tp.cuda.is_available()
+N_GPUS = tp.cuda.device_count()
+
+ALL_DTYPES = list(tp.ALL_DTYPES)
+FLOAT_DTYPES = [tp.float16, tp.bfloat16, tp.float32, tp.float64]
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason=f"needs a CUDA GPU: {tp.cuda.unavailable_reason()}")
+    skip_multi = pytest.mark.skip(reason=f"needs 2 CUDA GPUs, {N_GPUS} present")
+    for item in items:
+        if "cuda" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_cuda)
+        if "multigpu" in item.keywords and N_GPUS < 2:
+            item.add_marker(skip_multi)
+
+
+def random_array(shape, dtype, rng, low=-50, high=50):
+    """Random host data representable exactly enough in ``dtype``."""
+    d = tp._dtypes.as_dtype(dtype)
+    if d.kind == "b":
+        return rng.random(shape) > 0.5
+    if d.kind == "u":
+        return rng.integers(0, 200, size=shape).astype(d.numpy_dtype)
+    if d.kind == "i":
+        lo, hi = (-100, 100) if d.itemsize == 1 else (low * 10, high * 10)
+        return rng.integers(lo, hi, size=shape).astype(d.numpy_dtype)
+    return rng.uniform(low, high, size=shape).astype(d.numpy_dtype)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def memory_baseline():
+    """Yields a function asserting that allocated memory came back to the level
+    seen when the test started."""
+    gc.collect()
+    tp.cuda.synchronize()
+    start = tp.cuda.memory_allocated()
+
+    def check():
+        gc.collect()
+        tp.cuda.synchronize()
+        assert tp.cuda.memory_allocated() == start
+    yield check

@@ -1,0 +1,20 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Small GPU utilities for tests: a kernel that keeps a stream busy."""
+
+import struct
+
+from tensorplay._ops import _kernels
+
+SPIN_SOURCE = r"""
+extern "C" __global__ void tp_test_spin(long long cycles, int* flag) {
+  long long start = clock64();
+  while (clock64() - start < cycles) { }
+  if (flag) *flag = 1;
+}
+"""
+
+
+def spin(stream, cycles=200_000_000, flag_ptr=0, device=0):
+    """Keep ``stream`` busy for about ``cycles`` GPU clocks (~0.1 s at 2 GHz)."""
+    f = _kernels.load_function(SPIN_SOURCE, "tp_test_spin", device)
+    f.launch(1, 1, struct.pack("<qQ", cycles, flag_ptr), 0, stream.handle)
