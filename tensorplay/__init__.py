@@ -12,6 +12,14 @@ from ._nvrtc import NVRTCError
 from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
                       ones_like, tensor, zeros, zeros_like)
 
+from ._ops import _methods as _methods_mod
+from ._ops._promotion import can_cast, promote_types, result_type
+from ._ops._indexing import check_device_errors as _check_device_errors  # noqa: F401
+from .cuda._custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in tensorplay.cuda)
+
+_methods_mod.install(Tensor)
+globals().update(_methods_mod.FUNCTIONS)
+
 bool = bool_   # noqa: A001 - tensorplay.bool, as torch.bool
 half = float16
 float = float32  # noqa: A001
@@ -22,7 +30,7 @@ short = int16
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__ = sorted(_methods_mod.FUNCTIONS) + ["can_cast", "promote_types", "result_type"] + [
     "ALL_DTYPES", "NVRTCError", "Tensor", "arange", "as_tensor", "bfloat16", "bool", "cuda",
     "device", "double", "dtype", "empty", "empty_like", "float", "float16", "float32", "float64",
     "from_dlpack", "from_numpy", "full", "full_like", "half", "int", "int8", "int16", "int32",

@@ -272,6 +272,15 @@ def is_tensor(obj):
 
 # ------------------------------------------------------------------ transfers
 
+# Called with a device index at every synchronizing host read, so kernels that
+# flag errors on the device (out-of-range device indices) are reported there.
+device_error_checks = []
+
+
+def run_device_error_checks(dev):
+    for check in device_error_checks:
+        check(dev)
+
 def _upload(dst, host):
     """Copy the contiguous host array ``host`` (dst's dtype and shape) into CUDA ``dst``."""
     dev = dst._device_index_
@@ -286,6 +295,7 @@ def _download(src):
     out = np.empty(src.shape, dtype=d.numpy_dtype)
     dev = src._device_index_
     memcpy_dtoh(out.ctypes.data, src.data_ptr(), out.nbytes, dev, current_stream_handle_of(dev))
+    run_device_error_checks(dev)
     return out
 
 
@@ -612,12 +622,16 @@ class Tensor(TensorBase):
         return _new_cpu(array, self.dtype)
 
     def __getitem__(self, index):
-        from ._ops._views import getitem
-        return getitem(self, index)
+        from ._ops import _indexing, _views
+        if _has_advanced(index):
+            return _indexing.getitem(self, index)
+        return _views.getitem(self, index)
 
     def __setitem__(self, index, value):
-        from ._ops._views import getitem
-        target = getitem(self, index)
+        from ._ops import _indexing, _views
+        if _has_advanced(index):
+            return _indexing.setitem(self, index, value)
+        target = _views.getitem(self, index)
         if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray):
             target.fill_(value)
         else:
@@ -666,6 +680,11 @@ class Tensor(TensorBase):
     def squeeze(self, dim=None):
         from ._ops._views import squeeze
         return squeeze(self, dim)
+
+
+def _has_advanced(index):
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(ix, (Tensor, list, np.ndarray)) for ix in items)
 
 
 def _parse_view_shape(shape, numel):

@@ -89,31 +89,67 @@ def elementwise_source(name: str, out: dt.dtype, inputs: tuple, expr: str,
     params += [f"{scalar_ctype(kind)} s{k}" for k, kind in enumerate(scalars)]
     if ndim:
         params.append(f"tp_geom_{ndim}_{nops} g")
-    body = []
-    if ndim:
-        body.append("    long long rem = i;")
-        for k in range(nops):
-            body.append(f"    long long o{k} = 0;")
-        body.append(f"    #pragma unroll\n    for (int d = {ndim - 1}; d >= 0; --d) {{")
-        body.append("      long long c = rem % g.size[d]; rem /= g.size[d];")
-        for k in range(nops):
-            body.append(f"      o{k} += c * g.stride[{k}][d];")
-        body.append("    }")
-        offs = [f"o{k}" for k in range(nops)]
-    else:
-        offs = ["i"] * nops
+    body, offs = offset_code(ndim, nops)
     for k, d in enumerate(inputs):
         body.append(f"    {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', offs[k + 1])};")
     body.append("    " + store_stmt(out, "out", offs[0], expr))
+    return PREAMBLE + preamble + kernel_text(name, params, body, ndim, nops)
+
+
+def offset_code(ndim, nops):
+    """C lines computing each operand's element offset o0.. from the linear
+    index i (flat indexing when ndim is 0), and the offset names."""
+    if not ndim:
+        return [], ["i"] * nops
+    body = ["    long long rem = i;"]
+    body += [f"    long long o{k} = 0;" for k in range(nops)]
+    body.append(f"    for (int d = {ndim - 1}; d >= 0; --d) {{")
+    body.append("      long long c = rem % g.size[d]; rem /= g.size[d];")
+    body += [f"      o{k} += c * g.stride[{k}][d];" for k in range(nops)]
+    body.append("    }")
+    return body, [f"o{k}" for k in range(nops)]
+
+
+def kernel_text(name, params, body, ndim, nops):
+    """A grid-stride elementwise kernel around ``body``."""
     geom = ""
     if ndim:
         geom = (f"struct tp_geom_{ndim}_{nops} {{ long long size[{ndim}]; "
                 f"long long stride[{nops}][{ndim}]; }};\n")
-    return (PREAMBLE + preamble + geom +
-            f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
+    return (geom + f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
             "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
             "       i += (long long)gridDim.x * blockDim.x) {\n"
             + "\n".join(body) + "\n  }\n}\n")
+
+
+def custom_elementwise_source(name, arrays, scalars, typedefs, operation, ndim, preamble=""):
+    """CUDA C for a user ElementwiseKernel.
+
+    ``arrays``: [(var, dtype, is_output)] in parameter order; ``scalars``:
+    [(var, dtype)] passed as 8-byte slots; ``typedefs``: {placeholder: dtype}.
+    Inputs are loaded into variables named as declared (half types as float),
+    ``operation`` assigns the outputs, which are then stored. ``i`` is the
+    linear index.
+    """
+    nops = len(arrays)
+    params = [f"{d.ctype}* __restrict__ p_{v}" for v, d, _ in arrays]
+    params.append("long long n")
+    params += [f"{scalar_ctype('f' if d.kind == 'f' else 'i')} raw_{v}" for v, d in scalars]
+    if ndim:
+        params.append(f"tp_geom_{ndim}_{nops} g")
+    body, offs = offset_code(ndim, nops)
+    for ph, d in typedefs.items():
+        body.append(f"    typedef {compute_ctype(d)} {ph};")
+    for v, d in scalars:
+        body.append(f"    {compute_ctype(d)} {v} = ({compute_ctype(d)})raw_{v};")
+    for k, (v, d, is_out) in enumerate(arrays):
+        init = load_expr(d, f"p_{v}", offs[k]) if not is_out else "0"
+        body.append(f"    {compute_ctype(d)} {v} = {init};")
+    body.append("    { " + operation.strip().rstrip(";") + "; }")
+    for k, (v, d, is_out) in enumerate(arrays):
+        if is_out:
+            body.append("    " + store_stmt(d, f"p_{v}", offs[k], v))
+    return PREAMBLE + preamble + kernel_text(name, params, body, ndim, nops)
 
 
 def collapse_dims(shape, strides_list):

@@ -8,6 +8,7 @@ cost a dict lookup plus packing the argument buffer.
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 
@@ -62,6 +63,11 @@ def cached_function(key, device: int, make_source):
     return f
 
 
+def _ident(key) -> str:
+    """A C identifier fragment naming a kernel key (tuples and all)."""
+    return re.sub(r"\W+", "_", str(key)).strip("_")
+
+
 def grid_for(n: int, device: int) -> int:
     blocks = (n + BLOCK - 1) // BLOCK
     return max(1, min(blocks, sm_count(device) * 16))
@@ -81,29 +87,41 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
     dev = out._device_index_
     if in_strides is None:
         in_strides = [t.strides for t in inputs]
-    shape, strides = _codegen.collapse_dims(out.shape, [out.strides] + list(in_strides))
-    ndim = len(shape)
-    if ndim == 1 and all(st[0] == 1 for st in strides):
-        ndim = 0                       # every operand contiguous: flat indexing
-    elif ndim == 0:
-        ndim = 0                       # a single element
+    shape, strides, ndim = geometry(out.shape, [out.strides] + list(in_strides))
     out_dt = out.dtype
     in_dts = tuple(t.dtype for t in inputs)
     kinds = tuple(scalar_kinds)
     key = (op_key, out_dt.code, tuple(d.code for d in in_dts), ndim, kinds)
 
     def make():
-        name = f"tp_{op_key}_{out_dt.name}_" + "_".join(d.name for d in in_dts) + f"_{ndim}d"
+        name = (f"tp_{_ident(op_key)}_{out_dt.name}_" + "_".join(d.name for d in in_dts) +
+                f"_{ndim}d")
         return _codegen.elementwise_source(name, out_dt, in_dts, expr, ndim, kinds, preamble), name
 
     f = cached_function(key, dev, make)
-    fmt = ["<", "Q" * (1 + len(inputs)), "q"]
-    vals = [out.data_ptr()] + [t.data_ptr() for t in inputs] + [n]
+    ptrs = [out.data_ptr()] + [t.data_ptr() for t in inputs]
+    launch_packed(f, dev, ptrs, n, scalars, kinds, shape if ndim else (), strides if ndim else (), stream)
+
+
+def geometry(shape, strides_list):
+    """Collapsed (shape, strides) and the kernel's ndim (0: flat indexing)."""
+    shape, strides = _codegen.collapse_dims(tuple(shape), [list(s) for s in strides_list])
+    ndim = len(shape)
+    if ndim == 1 and all(st[0] == 1 for st in strides):
+        ndim = 0
+    return shape, strides, ndim
+
+
+def launch_packed(f, dev, ptrs, n, scalars, kinds, shape, strides, stream=None):
+    """Pack (pointers, n, 8-byte scalars, geometry) and launch one thread per
+    element (grid-stride) on ``stream`` (default: the current stream)."""
+    fmt = ["<", "Q" * len(ptrs), "q"]
+    vals = list(ptrs) + [n]
     for kind, v in zip(kinds, scalars):
         fmt.append("d" if kind == "f" else "q")
         vals.append(v)
-    if ndim:
-        fmt.append("q" * (ndim * (len(strides) + 1)))
+    if shape:
+        fmt.append("q" * (len(shape) * (len(strides) + 1)))
         vals.extend(shape)
         for st in strides:
             vals.extend(st)

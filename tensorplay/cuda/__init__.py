@@ -13,7 +13,19 @@ from .._cuda import device_index as _device_index
 from .._stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
                        stream)
 
-__all__ = [
+from ._custom import ElementwiseKernel, RawKernel
+
+
+def synchronize(device=None):
+    """Wait for all work on ``device`` (default: current) to finish, cuCtxSynchronize;
+    device-side index errors found by kernels are raised here as IndexError."""
+    from .._cuda import synchronize as _sync
+    from .._tensor_api import run_device_error_checks
+    _sync(device)
+    run_device_error_checks(_device_index(device))
+
+
+__all__ = ["ElementwiseKernel", "RawKernel",
     "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "can_device_access_peer", "current_device", "current_stream", "default_stream", "device",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Creation helpers for numerical code: linspace, eye, cat, stack."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import _dtypes as dt
+from .._tensor_api import Tensor, _resolve_device, empty, tensor
+from . import _kernels
+from ._promotion import result_type
+
+
+def linspace(start, end, steps, dtype=None, device=None):
+    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive."""
+    for v in (start, end):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"linspace takes real numbers, got {v!r}")
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+        raise ValueError(f"linspace: steps must be a non-negative int, got {steps!r}")
+    d = dt.default_float if dtype is None else dt.as_dtype(dtype)
+    dev = _resolve_device(device)
+    out = empty(steps, dtype=d, device=device)
+    if steps == 0:
+        return out
+    step = (end - start) / (steps - 1) if steps > 1 else 0.0
+    if dev < 0:
+        np.copyto(out.numpy(), np.linspace(start, end, steps), casting="unsafe")
+        return out
+    # symmetric evaluation, as PyTorch: from the start for the first half, from the end after
+    expr = "((double)i < s3 / 2.0) ? (s0 + s1 * (double)i) : (s2 - s1 * (s3 - 1.0 - (double)i))"
+    _kernels.launch_elementwise("linspace", expr, out, (), (), (float(start), step, float(end), float(steps)),
+                                ("f", "f", "f", "f"))
+    return out
+
+
+def eye(n, m=None, dtype=None, device=None):
+    """The identity matrix (n x m)."""
+    m = n if m is None else m
+    for v in (n, m):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+            raise ValueError(f"eye: sizes must be non-negative ints, got {v!r}")
+    d = dt.default_float if dtype is None else dt.as_dtype(dtype)
+    out = empty((n, m), dtype=d, device=device)
+    if out.numel() == 0:
+        return out
+    if out.is_cpu:
+        np.copyto(out.numpy(), np.eye(n, m), casting="unsafe")
+        return out
+    _kernels.launch_elementwise("eye", "(i / s0) == (i % s0)", out, (), (), (m,), ("i",))
+    return out
+
+
+def cat(tensors, dim=0, out=None):
+    """Concatenate tensors along ``dim`` (shapes equal elsewhere; dtypes promote)."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat needs at least one tensor")
+    if not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError("cat expects a sequence of tensors")
+    ref = tensors[0]
+    d = ref._dim(dim) if ref.ndim else 0
+    if ref.ndim == 0:
+        raise ValueError("cat cannot concatenate 0-d tensors; use stack")
+    for t in tensors[1:]:
+        if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
+            raise ValueError(f"cat: shapes {ref.shape} and {t.shape} differ outside dim {d}")
+        if t._device_index_ != ref._device_index_:
+            raise ValueError(f"cat: tensors on {ref.device} and {t.device}")
+    rtype = result_type(*tensors)
+    shape = list(ref.shape)
+    shape[d] = sum(t.shape[d] for t in tensors)
+    if out is None:
+        out = empty(tuple(shape), dtype=rtype, device=ref.device)
+    elif out.shape != tuple(shape):
+        raise ValueError(f"cat: out has shape {out.shape}, expected {tuple(shape)}")
+    pos = 0
+    for t in tensors:
+        n = t.shape[d]
+        if n:
+            idx = (slice(None),) * d + (slice(pos, pos + n),)
+            out[idx] = t
+        pos += n
+    return out
+
+
+def stack(tensors, dim=0, out=None):
+    """Stack equally shaped tensors along a new dimension ``dim``."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack needs at least one tensor")
+    if not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError("stack expects a sequence of tensors")
+    shape = tensors[0].shape
+    for t in tensors:
+        if t.shape != shape:
+            raise ValueError(f"stack expects equal shapes, got {shape} and {t.shape}")
+    n = len(shape) + 1
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or not -n <= dim < n:
+        raise IndexError(f"stack: dim {dim!r} out of range for {n} dims")
+    return cat([t.unsqueeze(dim % n) for t in tensors], dim % n, out=out)
