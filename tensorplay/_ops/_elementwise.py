@@ -43,7 +43,7 @@ def _nan_min(c, x, y):
 
 def _floordiv(c, x, y):
     if _is_float_c(c):
-        return f"{_f('floor', c)}(({x}) / ({y}))"
+        return f"tp_ffloordiv<{c}>({x}, {y})"
     return f"tp_floordiv<{c}>({x}, {y})"
 
 
@@ -71,6 +71,19 @@ template <class T> __device__ __forceinline__ T tp_remainder(T a, T b) {
   T r = a % b;
   if (r != 0 && ((r < 0) != (b < 0))) r += b;
   return r;
+}
+// Python's float floor division (NumPy's npy_divmod): exact where floor(a / b) is not
+template <class T> __device__ __forceinline__ T tp_ffloordiv(T a, T b) {
+  if (b == 0) return a / b;
+  T mod = fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
+  if (div != 0) {
+    T fl = floor(div);
+    if (div - fl > (T)0.5) fl += 1;
+    return fl;
+  }
+  return copysign((T)0, a / b);
 }
 template <class T> __device__ __forceinline__ T tp_fremainder(T a, T b) {
   T r = fmod(a, b);
