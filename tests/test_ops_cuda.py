@@ -325,7 +325,7 @@ def test_raw_kernel(rng):
     s = tp.cuda.Stream()
     k(4, 256, (np.float32(1.0), gx, gy, np.int32(1000)), stream=s)
     s.synchronize()
-    assert np.allclose(gy.numpy(), 3 * x + y, rtol=1e-6)
+    assert np.allclose(gy.numpy(), (2 * x + y) + x, rtol=1e-5, atol=1e-6)
     assert k.attributes["num_regs"] > 0
     with pytest.raises(TypeError, match="takes 4 arguments"):
         k(1, 1, (gx, gy))
