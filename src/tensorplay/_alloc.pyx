@@ -197,8 +197,9 @@ cdef class DeviceAllocator:
             seg = (rsize + LARGE_ROUND - 1) // LARGE_ROUND * LARGE_ROUND
         cdef cydriver.CUdeviceptr ptr = 0
         cdef cydriver.CUresult r = self.raw_alloc(&ptr, seg)
-        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
-            # free what the cache holds and try once more
+        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY and not self.routes:
+            # free what the cache holds and try once more (never under a
+            # capture: cuMemFree would invalidate it)
             self.release_cached()
             r = self.raw_alloc(&ptr, seg)
         if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
@@ -466,7 +467,10 @@ def empty_cache(device=None):
     """Release every cached, unused segment back to the device (cuMemFree).
 
     Memory of a private pool still held by a graph, and memory under live
-    tensors, is kept."""
+    tensors, is kept. Not allowed while a graph capture is under way."""
+    for each in _allocators:
+        if each is not None and (<DeviceAllocator>each).routes:
+            raise RuntimeError("empty_cache() cannot run while a CUDA graph capture is under way")
     if device is None:
         for each in _allocators:
             if each is not None:

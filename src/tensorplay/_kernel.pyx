@@ -25,9 +25,16 @@ cdef class Module:
         self.device = device
         validate_device(device)
         cdef const char* data = PyBytes_AS_STRING(image)
+        cdef cydriver.CUstreamCaptureMode mode = cydriver.CU_STREAM_CAPTURE_MODE_RELAXED
+        cdef cydriver.CUresult r
         with nogil:
             ensure_context(device)
-            check(cydriver.cuModuleLoadData(&self._handle, <const void*>data))
+            # a first use inside a graph capture loads the module: relax this
+            # thread's capture mode for the call, as for cuMemAlloc
+            check(cydriver.cuThreadExchangeStreamCaptureMode(&mode))
+            r = cydriver.cuModuleLoadData(&self._handle, <const void*>data)
+            check(cydriver.cuThreadExchangeStreamCaptureMode(&mode))
+            check(r)
         _live_modules[0] += 1
 
     def __dealloc__(self):

@@ -17,6 +17,7 @@ cdef class Event:
     cdef int _device            # -1 until first recorded
     cdef unsigned int _flags
     cdef bint _timing
+    cdef bint _external
 
     cdef int _record_on(self, cydriver.CUstream stream, int device) except -1
 

@@ -266,12 +266,17 @@ cdef class Event:
         Record timestamps so that ``elapsed_time`` works.
     blocking : bool
         ``synchronize`` blocks the thread instead of spinning (CU_EVENT_BLOCKING_SYNC).
+    external : bool
+        Recorded inside a graph capture, the record becomes a node of the graph
+        (CU_EVENT_RECORD_EXTERNAL) that runs at every replay, so events can time
+        work inside a graph. Otherwise a record inside a capture only orders streams.
     """
 
-    def __cinit__(self, bint enable_timing=False, bint blocking=False):
+    def __cinit__(self, bint enable_timing=False, bint blocking=False, bint external=False):
         self._handle = NULL
         self._device = -1
         self._timing = enable_timing
+        self._external = external
         self._flags = 0 if enable_timing else cydriver.CU_EVENT_DISABLE_TIMING
         if blocking:
             self._flags |= cydriver.CU_EVENT_BLOCKING_SYNC
@@ -293,9 +298,15 @@ cdef class Event:
         elif self._device != device:
             raise ValueError(
                 f"event was created on cuda:{self._device} and cannot be recorded on a stream of cuda:{device}")
+        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+        cdef unsigned int flags = 0
         with nogil:
             ensure_context(device)
-            check(cydriver.cuEventRecord(self._handle, stream))
+            if self._external:
+                check(cydriver.cuStreamIsCapturing(stream, &status))
+                if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+                    flags = cydriver.CU_EVENT_RECORD_EXTERNAL
+            check(cydriver.cuEventRecordWithFlags(self._handle, stream, flags))
         return 0
 
     def record(self, stream=None):
@@ -348,6 +359,29 @@ cdef class Event:
 
     def __repr__(self):
         return f"<tensorplay.cuda.Event handle={<uintptr_t>self._handle:#x} device={self._device}>"
+
+
+# ------------------------------------------------------------------ capture streams
+
+cdef dict _side_streams = {}      # device -> [Stream]
+
+
+def capture_side_stream(int device):
+    """A non-blocking stream of ``device`` not capturing now: the default
+    capture stream. Streams are created once and reused."""
+    cdef cydriver.CUstreamCaptureStatus status
+    cdef Stream s
+    pool = _side_streams.setdefault(device, [])
+    for obj in pool:
+        s = <Stream>obj
+        with nogil:
+            ensure_context(device)
+            check(cydriver.cuStreamIsCapturing(s._handle, &status))
+        if status == cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
+            return s
+    s = Stream(device)
+    pool.append(s)
+    return s
 
 
 # ------------------------------------------------------------------ current stream

@@ -1,0 +1,290 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDAGraphBase: owns the captured graph and its executable; capture
+begin/end with allocator routing; replay with the GIL released."""
+
+cimport cython
+from cuda.bindings cimport cydriver
+from libc.stdint cimport uintptr_t
+
+from tensorplay._cuda cimport check, ensure_context, get_current_device, validate_device
+from tensorplay._stream cimport (Stream, as_stream, current_stream_handle, set_current_stream_handle,
+                                 stream_wait_stream)
+
+import os
+import threading
+
+from tensorplay._alloc import allocator as _allocator, graph_pool_handle
+from tensorplay._stream import capture_side_stream, current_stream, set_stream
+
+_live = {"graphs": 0, "execs": 0}
+# Choosing a free side stream and beginning capture on it is one step, so two
+# threads beginning captures at once never pick the same stream.
+_begin_lock = threading.Lock()
+
+
+def live_graph_objects():
+    """Counts of live CUgraph and CUgraphExec handles (leak checks in tests)."""
+    return dict(_live)
+
+
+cdef int CAPTURE_GLOBAL = cydriver.CU_STREAM_CAPTURE_MODE_GLOBAL
+cdef int CAPTURE_THREAD_LOCAL = cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+cdef int CAPTURE_RELAXED = cydriver.CU_STREAM_CAPTURE_MODE_RELAXED
+CAPTURE_MODES = {"global": CAPTURE_GLOBAL, "thread_local": CAPTURE_THREAD_LOCAL,
+                 "relaxed": CAPTURE_RELAXED}
+
+
+cdef class CUDAGraphBase:
+    """The compiled half of tensorplay.cuda.graphs.CUDAGraph (see there)."""
+
+    cdef cydriver.CUgraph _graph
+    cdef cydriver.CUgraphExec _exec
+    cdef cydriver.CUstream _capture_stream
+    cdef readonly int _device
+    cdef long long _pool_id
+    cdef bint _has_pool
+    cdef bint _capturing
+    cdef unsigned long long _capture_id
+    cdef object _capture_stream_obj
+    cdef object _prev_stream
+    cdef object _capture_thread
+    cdef int _pid
+    cdef readonly size_t num_nodes
+    cdef list _keepalive
+    cdef object __weakref__
+
+    def __cinit__(self, *args, **kwargs):
+        self._graph = NULL
+        self._exec = NULL
+        self._capture_stream = NULL
+        self._device = -1
+        self._has_pool = False
+        self._capturing = False
+        self._keepalive = []
+
+    # ------------------------------------------------------------ capture
+
+    def _capture_begin(self, long long pool_id, int mode, stream):
+        """Begin capturing on ``stream`` (None: a side stream of the current
+        device) into pool ``pool_id``, cuStreamBeginCapture."""
+        cdef Stream s
+        cdef int dev
+        cdef cydriver.CUstream prev
+        cdef cydriver.CUstreamCaptureStatus status
+        cdef cydriver.cuuint64_t cid = 0
+        if self._capturing:
+            raise RuntimeError("capture_begin: this graph is already capturing")
+        if self._exec != NULL or self._graph != NULL:
+            raise RuntimeError("capture_begin: this graph holds a captured graph; call reset() first")
+        with _begin_lock:
+            self._begin_locked(pool_id, mode, stream)
+
+    cdef int _begin_locked(self, long long pool_id, int mode, stream) except -1:
+        cdef Stream s
+        cdef int dev
+        cdef cydriver.CUstream prev
+        cdef cydriver.CUstreamCaptureStatus status
+        cdef cydriver.cuuint64_t cid = 0
+        if stream is None:
+            dev = get_current_device()
+            validate_device(dev)
+            s = capture_side_stream(dev)
+        else:
+            s = as_stream(stream)
+            dev = s._device
+            validate_device(dev)
+            if <uintptr_t>s._handle <= 2:
+                raise ValueError("capture_begin: the legacy or per-thread default stream cannot be "
+                                 "captured; pass a tensorplay.cuda.Stream()")
+        with nogil:
+            ensure_context(dev)
+            check(cydriver.cuStreamIsCapturing(s._handle, &status))
+        if status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
+            raise RuntimeError("capture_begin: the stream is already capturing")
+        prev_obj = current_stream(dev)
+        prev = current_stream_handle(dev)
+        if prev != s._handle:
+            stream_wait_stream(s._handle, prev, dev)     # the capture sees work queued before it
+        with nogil:
+            check(cydriver.cuStreamBeginCapture(s._handle, <cydriver.CUstreamCaptureMode>mode))
+        try:
+            with nogil:
+                check(cydriver.cuStreamGetCaptureInfo(s._handle, &status, &cid, NULL, NULL, NULL, NULL))
+            alloc = _allocator(dev)
+            alloc.retain_pool(pool_id)
+            alloc.begin_allocate_to_pool(pool_id, cid)
+        except BaseException:
+            self._discard_capture(s._handle)
+            raise
+        self._device = dev
+        self._pool_id = pool_id
+        self._has_pool = True
+        self._capture_stream = s._handle
+        self._capture_stream_obj = s
+        self._capture_id = cid
+        self._prev_stream = prev_obj
+        self._capture_thread = threading.get_ident()
+        self._pid = os.getpid()
+        self._capturing = True
+        set_stream(s)
+        return 0
+
+    cdef void _discard_capture(self, cydriver.CUstream stream) noexcept:
+        cdef cydriver.CUgraph g = NULL
+        try:
+            if cydriver.cuStreamEndCapture(stream, &g) == cydriver.CUDA_SUCCESS and g != NULL:
+                cydriver.cuGraphDestroy(g)
+        except BaseException:
+            pass
+
+    cdef int _end_routing(self) except -1:
+        """Stop routing allocations and restore the current stream."""
+        _allocator(self._device).end_allocate_to_pool(self._capture_id)
+        if self._prev_stream is not None:
+            set_stream(self._prev_stream)
+        self._prev_stream = None
+        self._capturing = False
+        return 0
+
+    def _capture_end(self):
+        """End the capture (cuStreamEndCapture), then instantiate and upload the
+        executable (cuGraphInstantiate, cuGraphUpload)."""
+        cdef cydriver.CUgraph g = NULL
+        cdef cydriver.CUresult r
+        cdef size_t n = 0
+        if not self._capturing:
+            raise RuntimeError("capture_end: no capture is open on this graph")
+        if threading.get_ident() != self._capture_thread:
+            raise RuntimeError("capture_end must be called on the thread that called capture_begin")
+        if current_stream_handle(self._device) != self._capture_stream:
+            raise RuntimeError("capture_end: the current stream is not the capture stream "
+                               "(a stream set inside the capture was not restored)")
+        with nogil:
+            r = cydriver.cuStreamEndCapture(self._capture_stream, &g)
+        self._end_routing()
+        if r != cydriver.CUDA_SUCCESS:
+            if g != NULL:
+                cydriver.cuGraphDestroy(g)
+            self._release()
+            check(r)
+        self._graph = g
+        _live["graphs"] += 1
+        try:
+            with nogil:
+                check(cydriver.cuGraphGetNodes(g, NULL, &n))
+                check(cydriver.cuGraphInstantiate(&self._exec, g, 0))
+            _live["execs"] += 1
+            with nogil:
+                check(cydriver.cuGraphUpload(self._exec, self._capture_stream))
+        except BaseException:
+            self._release()
+            raise
+        self.num_nodes = n
+
+    def _abort_capture(self):
+        """End an open capture whatever state the driver left it in, and reset."""
+        if self._capturing:
+            self._discard_capture(self._capture_stream)
+            self._end_routing()
+        self._release()
+
+    # ------------------------------------------------------------ replay
+
+    def replay(self, stream=None):
+        """Launch the executable on the current stream, or on ``stream`` when
+        given, cuGraphLaunch (GIL released)."""
+        cdef cydriver.CUstream s
+        cdef Stream so
+        if self._exec == NULL:
+            self._replay_error()
+        if stream is None:
+            s = current_stream_handle(self._device)
+        else:
+            so = as_stream(stream, self._device)
+            if so._device != self._device:
+                raise ValueError(f"replay: the graph belongs to cuda:{self._device}, "
+                                 f"the stream to cuda:{so._device}")
+            s = so._handle
+        with nogil:
+            ensure_context(self._device)
+            check(cydriver.cuGraphLaunch(self._exec, s))
+
+    cdef int _replay_error(self) except -1:
+        if self._capturing:
+            raise RuntimeError("replay: the graph's capture is still open; call capture_end() first")
+        if self._pid and self._pid != os.getpid():
+            raise RuntimeError("replay: a CUDA graph cannot be replayed in a forked child process")
+        raise RuntimeError("replay: nothing to replay; capture a graph first (or it was reset)")
+
+    # ------------------------------------------------------------ lifetime
+
+    cdef void _release(self) noexcept:
+        if self._exec != NULL:
+            try:
+                ensure_context(self._device)
+                cydriver.cuGraphExecDestroy(self._exec)
+                _live["execs"] -= 1
+            except BaseException:
+                pass
+            self._exec = NULL
+        if self._graph != NULL:
+            try:
+                cydriver.cuGraphDestroy(self._graph)
+                _live["graphs"] -= 1
+            except BaseException:
+                pass
+            self._graph = NULL
+        if self._has_pool:
+            try:
+                _allocator(self._device).release_pool(self._pool_id)
+            except BaseException:
+                pass
+            self._has_pool = False
+        self._keepalive = []
+        self.num_nodes = 0
+
+    def _reset(self):
+        self._abort_capture()
+
+    def __dealloc__(self):
+        if self._capturing:
+            try:
+                self._discard_capture(self._capture_stream)
+                self._end_routing()
+            except BaseException:
+                pass
+        self._release()
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def _pool_id_(self):
+        return self._pool_id if (self._has_pool or self._graph != NULL) else None
+
+    @property
+    def is_capturing(self):
+        return self._capturing
+
+    @property
+    def is_instantiated(self):
+        return self._exec != NULL
+
+    @property
+    def capture_stream(self):
+        return self._capture_stream_obj
+
+    @property
+    def device_index(self):
+        return self._device
+
+    def _keep(self, obj):
+        self._keepalive.append(obj)
+
+
+def is_stream_capturing(uintptr_t stream, int device):
+    """True while ``stream`` is capturing, cuStreamIsCapturing."""
+    cdef cydriver.CUstreamCaptureStatus status
+    with nogil:
+        ensure_context(device)
+        check(cydriver.cuStreamIsCapturing(<cydriver.CUstream>stream, &status))
+    return status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE

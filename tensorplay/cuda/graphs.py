@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA graphs: capture GPU work once, replay it for the cost of one launch.
+
+``CUDAGraph`` validates arguments here and inherits capture, replay and
+lifetime handling from the compiled ``tensorplay._graph.CUDAGraphBase``;
+``replay`` is that base class's method, so a replay is one call into C with
+the GIL released around ``cuGraphLaunch``.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+from .._alloc import graph_pool_handle
+from .._cuda import current_device
+from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
+from .._stream import current_stream
+
+__all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+
+
+def _pool_id_of(pool):
+    if pool is None:
+        return graph_pool_handle()
+    if isinstance(pool, CUDAGraph):
+        pid = pool.pool_id
+        if pid is None:
+            raise ValueError("pool: that graph has not captured anything, so it has no pool to share")
+        return pid
+    if isinstance(pool, bool) or not isinstance(pool, numbers.Integral):
+        raise TypeError(f"pool must be None, an id from graph_pool_handle(), a graph's pool_id or a "
+                        f"CUDAGraph, got {type(pool).__name__}")
+    if pool <= 0:
+        raise ValueError(f"pool ids are positive (from graph_pool_handle()), got {pool}")
+    return int(pool)
+
+
+def _mode_of(capture_error_mode):
+    try:
+        return CAPTURE_MODES[capture_error_mode]
+    except (KeyError, TypeError):
+        raise ValueError(f"capture_error_mode must be one of {', '.join(map(repr, CAPTURE_MODES))}, "
+                         f"got {capture_error_mode!r}") from None
+
+
+class CUDAGraph(CUDAGraphBase):
+    """A CUDA graph: work captured from a stream, replayed as one launch.
+
+    Capture with :meth:`capture_begin` / :meth:`capture_end` (or the
+    :class:`graph` context manager), then :meth:`replay`. Tensors allocated
+    during the capture live in the graph's memory pool; their addresses are
+    what every replay reads and writes, so feed new inputs by copying into
+    the tensors used at capture time.
+    """
+
+    def capture_begin(self, pool=None, capture_error_mode="global", stream=None):
+        """Begin capturing work queued on the current thread's streams.
+
+        Parameters
+        ----------
+        pool : None, int or CUDAGraph
+            None: a fresh private memory pool. An id from
+            :func:`graph_pool_handle`, another graph's ``pool_id`` or another
+            ``CUDAGraph``: share that pool (graphs sharing a pool must replay
+            in the order they were captured).
+        capture_error_mode : {'global', 'thread_local', 'relaxed'}
+            ``'global'``: any unsafe CUDA call in the process (a synchronize,
+            a cuMemAlloc) fails the capture; ``'thread_local'``: only calls
+            from this thread; ``'relaxed'``: no guard
+            (CU_STREAM_CAPTURE_MODE_*).
+        stream : Stream or object with ``__cuda_stream__``, optional
+            The capture stream; default a dedicated side stream of the current
+            device. It first waits for the work queued on the current stream
+            and is the current stream until :meth:`capture_end`.
+        """
+        pool_id = _pool_id_of(pool)
+        mode = _mode_of(capture_error_mode)
+        self._capture_begin(pool_id, mode, stream)
+
+    def capture_end(self):
+        """End the capture and build the executable now (cuGraphInstantiate
+        and cuGraphUpload), so the first replay costs nothing extra.
+
+        Raises if no capture is open, on another thread than the one that
+        began it, or when the driver rejects the capture (for example work
+        forked to another stream and never joined back); the graph is then
+        reset and can capture again.
+        """
+        self._capture_end()
+        if self.num_nodes == 0:
+            warnings.warn("the captured CUDA graph is empty: no GPU work was queued on the capture "
+                          "stream", UserWarning, stacklevel=2)
+
+    def instantiate(self):
+        """Build the executable; a no-op once built (capture_end already does it)."""
+        if self.is_instantiated:
+            return
+        if self.is_capturing:
+            raise RuntimeError("instantiate: the capture is still open; call capture_end()")
+        raise RuntimeError("instantiate: nothing captured (or the graph was reset)")
+
+    def reset(self):
+        """Destroy the executable and release the graph's hold on its memory pool.
+
+        Tensors allocated during the capture should be released first; those
+        still alive keep their memory valid (it is never freed under a live
+        tensor) and it returns to the device once they die and
+        :func:`tensorplay.cuda.empty_cache` runs. The graph can capture again.
+        """
+        self._reset()
+
+    @property
+    def pool_id(self):
+        """The allocator pool this graph captured into (None before a capture)."""
+        return self._pool_id_
+
+    def __repr__(self):
+        state = "capturing" if self.is_capturing else ("ready" if self.is_instantiated else "empty")
+        return f"<CUDAGraph {state} device={self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
+
+
+def is_current_stream_capturing():
+    """True while the current stream of the current device is capturing."""
+    dev = current_device()
+    return is_stream_capturing(current_stream(dev).handle, dev)
+
+
+class graph:
+    """Context manager capturing its body into ``cuda_graph``.
+
+    ``with tensorplay.cuda.graph(g): y = f(x)`` calls ``capture_begin`` on
+    entry and ``capture_end`` on exit. If the body raises, the capture is
+    ended and discarded, the graph left reset and reusable, and the original
+    exception propagates.
+    """
+
+    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+        if not isinstance(cuda_graph, CUDAGraph):
+            raise TypeError(f"graph() expects a CUDAGraph, got {type(cuda_graph).__name__}")
+        self.cuda_graph = cuda_graph
+        self.pool = pool
+        self.stream = stream
+        self.capture_error_mode = capture_error_mode
+
+    def __enter__(self):
+        self.cuda_graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode,
+                                      stream=self.stream)
+        return self.cuda_graph
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.cuda_graph._abort_capture()
+            return False
+        try:
+            self.cuda_graph.capture_end()
+        except BaseException:
+            self.cuda_graph._abort_capture()
+            raise
+        return False
