@@ -11,6 +11,7 @@ from libc.stdint cimport int64_t, uintptr_t, uint64_t
 from libc.stdlib cimport malloc, free
 
 from tensorplay._cuda cimport check, ensure_context, validate_device, primary_context
+from tensorplay._cuda import make_error
 from tensorplay._stream cimport current_stream_handle
 from tensorplay._alloc cimport DeviceAllocation
 from tensorplay._dlpack cimport *
@@ -398,8 +399,17 @@ def memcpy_htod_async(uintptr_t dst, uintptr_t src_host, size_t nbytes, int devi
     before returning, so the host buffer may be dropped afterwards."""
     if nbytes == 0:
         return
+    cdef cydriver.CUstreamCaptureStatus status
     with nogil:
         ensure_context(device)
+        check(cydriver.cuStreamIsCapturing(<cydriver.CUstream>stream, &status))
+    if status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
+        # the driver would capture a copy from this pageable buffer, which is
+        # gone by the time the graph replays
+        raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                         "a copy from pageable host memory cannot be captured in a CUDA graph: "
+                         "copy the data into a CUDA tensor before the capture")
+    with nogil:
         check(cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, <const void*>src_host, nbytes,
                                          <cydriver.CUstream>stream))
 
