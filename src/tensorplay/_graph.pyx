@@ -6,7 +6,10 @@ cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
-from tensorplay._cuda cimport check, ensure_context, get_current_device, validate_device
+from libc.string cimport memset
+
+from tensorplay._cuda cimport check, ensure_context, get_current_device, primary_context, validate_device
+from tensorplay._kernel cimport Function
 from tensorplay._stream cimport (Stream, as_stream, current_stream_handle, set_current_stream_handle,
                                  stream_wait_stream)
 
@@ -51,6 +54,9 @@ cdef class CUDAGraphBase:
     cdef int _pid
     cdef readonly size_t num_nodes
     cdef list _keepalive
+    cdef list _cond_stack           # [(handle, kind, child Stream, pred ptr, parent Stream, capture id)]
+    cdef object _set_cond_fn        # the set-conditional kernel, given by the Python layer
+    cdef int _mode
     cdef object __weakref__
 
     def __cinit__(self, *args, **kwargs):
@@ -61,6 +67,7 @@ cdef class CUDAGraphBase:
         self._has_pool = False
         self._capturing = False
         self._keepalive = []
+        self._cond_stack = []
 
     # ------------------------------------------------------------ capture
 
@@ -126,6 +133,7 @@ cdef class CUDAGraphBase:
         self._capture_thread = threading.get_ident()
         self._pid = os.getpid()
         self._capturing = True
+        self._mode = mode
         set_stream(s)
         return 0
 
@@ -156,6 +164,11 @@ cdef class CUDAGraphBase:
             raise RuntimeError("capture_end: no capture is open on this graph")
         if threading.get_ident() != self._capture_thread:
             raise RuntimeError("capture_end must be called on the thread that called capture_begin")
+        if self._cond_stack:
+            n_open = len(self._cond_stack)
+            self._abort_capture()
+            raise RuntimeError(f"capture_end: {n_open} conditional body(ies) still open; call "
+                               "end_capture_to_conditional_node() for each (the capture was discarded)")
         if current_stream_handle(self._device) != self._capture_stream:
             raise RuntimeError("capture_end: the current stream is not the capture stream "
                                "(a stream set inside the capture was not restored)")
@@ -183,10 +196,128 @@ cdef class CUDAGraphBase:
 
     def _abort_capture(self):
         """End an open capture whatever state the driver left it in, and reset."""
+        cdef Stream child
+        while self._cond_stack:
+            handle, kind, child, pred, parent, cid = self._cond_stack.pop()
+            self._discard_capture(child._handle)
+            _allocator(self._device).end_allocate_to_pool(cid)
         if self._capturing:
             self._discard_capture(self._capture_stream)
             self._end_routing()
         self._release()
+
+    # ------------------------------------------------------------ conditional nodes
+
+    def _set_conditional_kernel(self, Function fn):
+        self._set_cond_fn = fn
+
+    cdef int _launch_set_conditional(self, cydriver.CUgraphConditionalHandle handle, uintptr_t pred,
+                                     cydriver.CUstream stream) except -1:
+        cdef Function fn = self._set_cond_fn
+        cdef unsigned long long args[2]
+        args[0] = handle
+        args[1] = pred
+        with nogil:
+            fn.c_launch(1, 1, 1, 1, 1, 1, 0, stream, <const void*>args, sizeof(args))
+        return 0
+
+    cdef Stream _current_capture_stream(self):
+        if self._cond_stack:
+            return <Stream>self._cond_stack[-1][2]
+        return <Stream>self._capture_stream_obj
+
+    def _begin_conditional(self, int kind, uintptr_t pred, object pred_owner):
+        """Add an IF (kind 0) or WHILE (kind 1) node gated on the bool at
+        ``pred`` and capture its body on a child stream (see DESIGN.md)."""
+        cdef Stream cur, child
+        cdef cydriver.CUstreamCaptureStatus status
+        cdef cydriver.cuuint64_t cid = 0, child_cid = 0
+        cdef cydriver.CUgraph graph = NULL
+        cdef const cydriver.CUgraphNode* deps = NULL
+        cdef const cydriver.CUgraphEdgeData* edges = NULL
+        cdef size_t ndeps = 0
+        cdef cydriver.CUgraphConditionalHandle handle = 0
+        cdef cydriver.CUgraphNodeParams params
+        cdef cydriver.CUgraphNode node = NULL
+        cdef cydriver.CUgraph body = NULL
+        cdef cydriver.CUcontext ctx
+        if not self._capturing:
+            raise RuntimeError("conditional nodes can only be added inside an open capture "
+                               "(call capture_begin first)")
+        if threading.get_ident() != self._capture_thread:
+            raise RuntimeError("conditional nodes must be added on the thread that began the capture")
+        if self._set_cond_fn is None:
+            raise RuntimeError("internal: the set-conditional kernel was not provided")
+        cur = self._current_capture_stream()
+        if current_stream_handle(self._device) != cur._handle:
+            raise RuntimeError("the current stream is not the capture stream of the innermost body")
+        ctx = primary_context(self._device)
+        with nogil:
+            check(cydriver.cuStreamGetCaptureInfo(cur._handle, &status, &cid, &graph, NULL, NULL, NULL))
+        if status != cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            raise RuntimeError("the capture was invalidated by an earlier error; end it and capture again")
+        with nogil:
+            check(cydriver.cuGraphConditionalHandleCreate(&handle, graph, ctx, 0, 0))
+        self._launch_set_conditional(handle, pred, cur._handle)
+        with nogil:
+            check(cydriver.cuStreamGetCaptureInfo(cur._handle, &status, &cid, &graph, &deps, &edges, &ndeps))
+        memset(&params, 0, sizeof(params))
+        params.type = cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = handle
+        params.conditional.type = (cydriver.CU_GRAPH_COND_TYPE_IF if kind == 0
+                                   else cydriver.CU_GRAPH_COND_TYPE_WHILE)
+        params.conditional.size = 1
+        params.conditional.ctx = ctx
+        with nogil:
+            check(cydriver.cuGraphAddNode(&node, graph, deps, edges, ndeps, &params))
+            check(cydriver.cuStreamUpdateCaptureDependencies(
+                cur._handle, &node, NULL, 1, cydriver.CU_STREAM_SET_CAPTURE_DEPENDENCIES))
+        body = params.conditional.phGraph_out[0]
+        child = capture_side_stream(self._device)
+        with nogil:
+            check(cydriver.cuStreamBeginCaptureToGraph(child._handle, body, NULL, NULL, 0,
+                                                       <cydriver.CUstreamCaptureMode>self._mode))
+            check(cydriver.cuStreamGetCaptureInfo(child._handle, &status, &child_cid, NULL, NULL, NULL, NULL))
+        _allocator(self._device).begin_allocate_to_pool(self._pool_id, child_cid)
+        self._cond_stack.append((handle, kind, child, pred, cur, child_cid))
+        self._keepalive.append(pred_owner)
+        set_stream(child)
+
+    def _end_conditional(self):
+        """Close the innermost body; a WHILE body first re-samples its predicate."""
+        cdef Stream child, parent
+        cdef cydriver.CUgraph g = NULL
+        cdef cydriver.CUresult r
+        if not self._cond_stack:
+            raise RuntimeError("end_capture_to_conditional_node: no conditional body is open")
+        handle, kind, child, pred, parent, cid = self._cond_stack[-1]
+        if current_stream_handle(self._device) != child._handle:
+            raise RuntimeError("end_capture_to_conditional_node: the current stream is not the body's stream")
+        if kind == 1:
+            self._launch_set_conditional(<cydriver.CUgraphConditionalHandle>handle, <uintptr_t>pred,
+                                         child._handle)
+        self._cond_stack.pop()
+        with nogil:
+            r = cydriver.cuStreamEndCapture(child._handle, &g)     # g is the node's body: not ours
+        _allocator(self._device).end_allocate_to_pool(cid)
+        set_stream(parent)
+        check(r)
+
+    def _set_conditional(self, uintptr_t pred, object pred_owner):
+        """Sample ``pred`` into the innermost node's handle now and make it the
+        node's predicate."""
+        cdef Stream child
+        if not self._cond_stack:
+            raise RuntimeError("set_conditional_handle_for_current_node: no conditional body is open")
+        handle, kind, child, old, parent, cid = self._cond_stack[-1]
+        self._launch_set_conditional(<cydriver.CUgraphConditionalHandle>handle, pred,
+                                     current_stream_handle(self._device))
+        self._cond_stack[-1] = (handle, kind, child, pred, parent, cid)
+        self._keepalive.append(pred_owner)
+
+    @property
+    def conditional_depth(self):
+        return len(self._cond_stack)
 
     # ------------------------------------------------------------ replay
 

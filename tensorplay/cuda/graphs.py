@@ -13,7 +13,7 @@ import numbers
 import warnings
 
 from .._alloc import graph_pool_handle
-from .._cuda import current_device
+from .._cuda import current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
 from .._stream import current_stream
 
@@ -115,9 +115,75 @@ class CUDAGraph(CUDAGraphBase):
         """The allocator pool this graph captured into (None before a capture)."""
         return self._pool_id_
 
+    # ------------------------------------------------------------ conditional nodes
+
+    def _check_pred(self, scalar_pred, what):
+        from .._tensor_api import Tensor
+        if not isinstance(scalar_pred, Tensor):
+            raise TypeError(f"{what}: scalar_pred must be a CUDA bool tensor, got {type(scalar_pred).__name__}")
+        if not scalar_pred.is_cuda:
+            raise ValueError(f"{what}: scalar_pred must be a CUDA tensor, got a CPU tensor")
+        if scalar_pred.dtype.name != "bool":
+            raise TypeError(f"{what}: scalar_pred must have dtype bool, got {scalar_pred.dtype.name}")
+        if scalar_pred.numel() != 1:
+            raise ValueError(f"{what}: scalar_pred must have exactly one element, got shape {scalar_pred.shape}")
+        if self.is_capturing and scalar_pred.device.index != self.device_index:
+            raise ValueError(f"{what}: scalar_pred is on {scalar_pred.device}, the capture on "
+                             f"cuda:{self.device_index}")
+        if not self.is_capturing:
+            raise RuntimeError(f"{what}: no capture is open on this graph (call capture_begin first)")
+        if driver_version() < (12, 4):
+            raise RuntimeError(f"{what}: conditional graph nodes need a CUDA 12.4 or newer driver, "
+                               f"this one is {'.'.join(map(str, driver_version()))}")
+        self._set_conditional_kernel(_set_conditional_function(self.device_index))
+        return scalar_pred
+
+    def begin_capture_to_if_node(self, scalar_pred):
+        """Capture the following work into the body of an IF node: at replay
+        the body runs only when ``scalar_pred`` (a one-element CUDA bool
+        tensor, read on the device when the node is reached) is true. Close
+        the body with :meth:`end_capture_to_conditional_node`."""
+        p = self._check_pred(scalar_pred, "begin_capture_to_if_node")
+        self._begin_conditional(0, p.data_ptr(), p)
+
+    def begin_capture_to_while_node(self, scalar_pred):
+        """Capture the following work into the body of a WHILE node: at replay
+        the body runs while ``scalar_pred`` is true, sampled before the first
+        iteration and again at the end of every iteration (so a body that
+        updates the predicate ends the loop)."""
+        p = self._check_pred(scalar_pred, "begin_capture_to_while_node")
+        self._begin_conditional(1, p.data_ptr(), p)
+
+    def end_capture_to_conditional_node(self):
+        """Close the innermost open conditional body; capture returns to its parent."""
+        self._end_conditional()
+
+    def set_conditional_handle_for_current_node(self, scalar_pred):
+        """Sample ``scalar_pred`` into the innermost open node's condition now
+        and make it that node's predicate (a WHILE body samples it again at the
+        end of each iteration)."""
+        p = self._check_pred(scalar_pred, "set_conditional_handle_for_current_node")
+        self._set_conditional(p.data_ptr(), p)
+
     def __repr__(self):
         state = "capturing" if self.is_capturing else ("ready" if self.is_instantiated else "empty")
         return f"<CUDAGraph {state} device={self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
+
+
+_SET_CONDITIONAL_SOURCE = r"""
+typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
+extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);
+extern "C" __global__ void tp_set_conditional(cudaGraphConditionalHandle handle, const bool* pred) {
+  cudaGraphSetConditional(handle, *pred ? 1u : 0u);
+}
+"""
+
+
+def _set_conditional_function(device):
+    """The one-thread kernel that copies a device bool into a conditional handle."""
+    from .._ops import _kernels
+    return _kernels.cached_function(("set_conditional",), device,
+                                    lambda: (_SET_CONDITIONAL_SOURCE, "tp_set_conditional"))
 
 
 def is_current_stream_capturing():
