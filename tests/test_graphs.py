@@ -129,7 +129,7 @@ def test_item_inside_capture_raises_and_process_stays_usable(memory_baseline):
         z = x + 2
     g.replay()
     assert z.tolist() == [3.0] * 16
-    del z
+    del x, z
     g.reset()
     memory_baseline()
 

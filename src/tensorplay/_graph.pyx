@@ -20,6 +20,7 @@ from tensorplay._alloc import allocator as _allocator, graph_pool_handle
 from tensorplay._stream import capture_side_stream, current_stream, set_stream
 
 _live = {"graphs": 0, "execs": 0}
+
 # Choosing a free side stream and beginning capture on it is one step, so two
 # threads beginning captures at once never pick the same stream.
 _begin_lock = threading.Lock()
@@ -223,7 +224,7 @@ cdef class CUDAGraphBase:
 
     cdef Stream _current_capture_stream(self):
         if self._cond_stack:
-            return <Stream>self._cond_stack[-1][2]
+            return <Stream>self._cond_stack[len(self._cond_stack) - 1][2]
         return <Stream>self._capture_stream_obj
 
     def _begin_conditional(self, int kind, uintptr_t pred, object pred_owner):
@@ -290,7 +291,7 @@ cdef class CUDAGraphBase:
         cdef cydriver.CUresult r
         if not self._cond_stack:
             raise RuntimeError("end_capture_to_conditional_node: no conditional body is open")
-        handle, kind, child, pred, parent, cid = self._cond_stack[-1]
+        handle, kind, child, pred, parent, cid = self._cond_stack[len(self._cond_stack) - 1]
         if current_stream_handle(self._device) != child._handle:
             raise RuntimeError("end_capture_to_conditional_node: the current stream is not the body's stream")
         if kind == 1:
@@ -309,10 +310,10 @@ cdef class CUDAGraphBase:
         cdef Stream child
         if not self._cond_stack:
             raise RuntimeError("set_conditional_handle_for_current_node: no conditional body is open")
-        handle, kind, child, old, parent, cid = self._cond_stack[-1]
+        handle, kind, child, old, parent, cid = self._cond_stack[len(self._cond_stack) - 1]
         self._launch_set_conditional(<cydriver.CUgraphConditionalHandle>handle, pred,
                                      current_stream_handle(self._device))
-        self._cond_stack[-1] = (handle, kind, child, pred, parent, cid)
+        self._cond_stack[len(self._cond_stack) - 1] = (handle, kind, child, pred, parent, cid)
         self._keepalive.append(pred_owner)
 
     @property

@@ -273,7 +273,12 @@ def _apply_cpu(npfn, operands, compute, out):
         else:
             args.append(np.asarray(x).astype(cd))
     with np.errstate(all="ignore"):   # an integer zero divisor gives 0, as on the GPU
-        r = npfn(*args)
+        try:
+            r = npfn(*args)
+        except TypeError:
+            if cd != np.bool_:
+                raise
+            r = npfn(*[a.astype(np.int8) for a in args])   # NumPy lacks some bool loops (sign)
     np.copyto(out.numpy(), np.asarray(r), casting="unsafe")
     return out
 
