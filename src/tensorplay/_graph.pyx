@@ -10,6 +10,8 @@ from libc.string cimport memset
 
 from tensorplay._cuda cimport check, ensure_context, get_current_device, primary_context, validate_device
 from tensorplay._kernel cimport Function
+from tensorplay._tensor cimport TensorBase, DEVICE_CUDA
+from libc.stdint cimport uint64_t
 from tensorplay._stream cimport (Stream, as_stream, current_stream_handle, set_current_stream_handle,
                                  stream_wait_stream)
 
@@ -57,6 +59,7 @@ cdef class CUDAGraphBase:
     cdef list _keepalive
     cdef list _cond_stack           # [(handle, kind, child Stream, pred ptr, parent Stream, capture id)]
     cdef object _set_cond_fn        # the set-conditional kernel, given by the Python layer
+    cdef list _stage_fns            # multi-tensor copy kernels by table capacity, from the Python layer
     cdef int _mode
     cdef object __weakref__
 
@@ -320,6 +323,111 @@ cdef class CUDAGraphBase:
     def conditional_depth(self):
         return len(self._cond_stack)
 
+    # ------------------------------------------------------------ staging
+
+    def _set_stage_kernels(self, fns):
+        """[(capacity, Function)] of the multi-tensor copy kernel, smallest first."""
+        self._stage_fns = list(fns)
+
+    def stage_and_launch(self, static_inputs, inputs):
+        """Copy each of ``inputs`` onto the matching static buffer, then replay.
+
+        Contiguous pairs of one dtype, device and shape are staged by one
+        multi-tensor copy kernel launch (a table of (src, dst, nbytes) in its
+        parameters); any other pair goes through ``static.copy_(input)`` (casts,
+        strides, broadcasting, host data). Everything is validated before
+        anything is copied; copies and the launch are ordered on the current
+        stream, the driver work runs without the GIL.
+        """
+        cdef Py_ssize_t n, k, nfast = 0, cap, pos
+        cdef TensorBase st, src
+        cdef int i
+        cdef bint fast
+        cdef cydriver.CUstream stream
+        cdef Function fn
+        cdef unsigned long long table[1 + 3 * 128]
+        cdef unsigned long long maxbytes = 0
+        cdef unsigned int gx, gy
+        if self._exec == NULL:
+            self._replay_error()
+        if self._stage_fns is None:
+            self._set_stage_kernels(self._stage_kernels())     # compiled once, by the Python layer
+        if not isinstance(static_inputs, (list, tuple)) or not isinstance(inputs, (list, tuple)):
+            raise TypeError("stage_and_launch(static_inputs, inputs) takes two lists or tuples of tensors")
+        n = len(static_inputs)
+        if len(inputs) != n:
+            raise ValueError(f"stage_and_launch: {n} static inputs but {len(inputs)} inputs")
+        slow = None
+        fast_pairs = []
+        for k in range(n):
+            s_obj = static_inputs[k]
+            i_obj = inputs[k]
+            if not isinstance(s_obj, TensorBase):
+                raise TypeError(f"stage_and_launch: static_inputs[{k}] is a {type(s_obj).__name__}, not a tensor")
+            st = <TensorBase>s_obj
+            if st._device_type != DEVICE_CUDA or st._device_index != self._device:
+                raise ValueError(f"stage_and_launch: static_inputs[{k}] must live on cuda:{self._device}")
+            fast = False
+            if isinstance(i_obj, TensorBase):
+                src = <TensorBase>i_obj
+                fast = (src._device_type == DEVICE_CUDA and src._device_index == self._device and
+                        src._dtype_code == st._dtype_code and src._ndim == st._ndim and
+                        st.c_is_contiguous() and src.c_is_contiguous())
+                if fast:
+                    for i in range(st._ndim):
+                        if st._shape[i] != src._shape[i]:
+                            fast = False
+                            break
+                if not fast:
+                    _check_broadcast(tuple([src._shape[i] for i in range(src._ndim)]), st, k)
+            else:
+                if i_obj is None or isinstance(i_obj, (str, bytes)) or not (
+                        hasattr(i_obj, "shape") or hasattr(i_obj, "__len__") or isinstance(i_obj, (int, float))):
+                    raise TypeError(f"stage_and_launch: inputs[{k}] is a {type(i_obj).__name__}, not a tensor")
+                _check_broadcast(_shape_of(i_obj), st, k)
+            if fast:
+                if st.c_numel():
+                    fast_pairs.append((src._ptr, st._ptr, st.c_numel() * st._itemsize))
+            else:
+                if slow is None:
+                    slow = []
+                slow.append(k)
+        if slow is not None:
+            for k in slow:
+                static_inputs[k].copy_(inputs[k])
+        stream = current_stream_handle(self._device)
+        nfast = len(fast_pairs)
+        pos = 0
+        while pos < nfast:
+            chunk = fast_pairs[pos:pos + 128]
+            fn = None
+            for cap_obj, f_obj in self._stage_fns:
+                if cap_obj >= len(chunk):
+                    cap = cap_obj
+                    fn = <Function>f_obj
+                    break
+            table[0] = len(chunk)
+            maxbytes = 0
+            for k in range(len(chunk)):
+                table[1 + 3 * k] = chunk[k][0]
+                table[2 + 3 * k] = chunk[k][1]
+                table[3 + 3 * k] = chunk[k][2]
+                if <unsigned long long>chunk[k][2] > maxbytes:
+                    maxbytes = chunk[k][2]
+            for k in range(len(chunk), cap):
+                table[1 + 3 * k] = 0
+                table[2 + 3 * k] = 0
+                table[3 + 3 * k] = 0
+            gx = <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
+            gy = <unsigned int>len(chunk)
+            with nogil:
+                fn.c_launch(gx, gy, 1, 256, 1, 1, 0, stream,
+                            <const void*>table, sizeof(unsigned long long) * (1 + 3 * cap))
+            pos += 128
+        with nogil:
+            ensure_context(self._device)
+            check(cydriver.cuGraphLaunch(self._exec, stream))
+
     # ------------------------------------------------------------ replay
 
     def replay(self, stream=None):
@@ -411,6 +519,30 @@ cdef class CUDAGraphBase:
 
     def _keep(self, obj):
         self._keepalive.append(obj)
+
+
+cdef tuple _shape_of(object obj):
+    shp = getattr(obj, "shape", None)
+    if shp is not None:
+        return tuple(shp)
+    if isinstance(obj, (int, float)):
+        return ()
+    import numpy
+    return tuple(numpy.shape(obj))
+
+
+cdef int _check_broadcast(tuple src, TensorBase dst, Py_ssize_t k) except -1:
+    """ValueError unless ``src`` broadcasts to ``dst``'s shape."""
+    cdef int i, nd = dst._ndim, ns = len(src)
+    if ns > nd:
+        raise ValueError(f"stage_and_launch: inputs[{k}] of shape {src} does not fit static_inputs[{k}] "
+                         f"of shape {tuple([dst._shape[i] for i in range(nd)])}")
+    for i in range(ns):
+        s = src[ns - 1 - i]
+        if s != 1 and s != dst._shape[nd - 1 - i]:
+            raise ValueError(f"stage_and_launch: inputs[{k}] of shape {src} cannot broadcast to "
+                             f"static_inputs[{k}] of shape {tuple([dst._shape[i] for i in range(nd)])}")
+    return 0
 
 
 def is_stream_capturing(uintptr_t stream, int device):

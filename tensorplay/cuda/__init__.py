@@ -14,7 +14,7 @@ from .._stream import (Event, ExternalStream, Stream, current_stream, default_st
                        stream)
 
 from ._custom import ElementwiseKernel, RawKernel
-from .graphs import CUDAGraph, graph, is_current_stream_capturing
+from .graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 
 
 def synchronize(device=None):
@@ -26,7 +26,7 @@ def synchronize(device=None):
     run_device_error_checks(_device_index(device))
 
 
-__all__ = ["CUDAGraph", "ElementwiseKernel", "RawKernel", "graph", "is_current_stream_capturing",
+__all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKernel", "graph", "is_current_stream_capturing",
     "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "can_device_access_peer", "current_device", "current_stream", "default_stream", "device",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",

@@ -17,7 +17,8 @@ from .._cuda import current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
 from .._stream import current_stream
 
-__all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+__all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
+           "make_graphed_callables"]
 
 
 def _pool_id_of(pool):
@@ -115,6 +116,14 @@ class CUDAGraph(CUDAGraphBase):
         """The allocator pool this graph captured into (None before a capture)."""
         return self._pool_id_
 
+    def _stage_kernels(self):
+        """The multi-tensor copy kernels stage_and_launch uses, by table capacity."""
+        from .._ops import _kernels
+        dev = self.device_index
+        return [(cap, _kernels.cached_function(("multi_copy", cap), dev,
+                                               lambda cap=cap: (multi_copy_source(cap), f"tp_multi_copy_{cap}")))
+                for cap in STAGE_CAPACITIES]
+
     # ------------------------------------------------------------ conditional nodes
 
     def _check_pred(self, scalar_pred, what):
@@ -168,6 +177,34 @@ class CUDAGraph(CUDAGraphBase):
     def __repr__(self):
         state = "capturing" if self.is_capturing else ("ready" if self.is_instantiated else "empty")
         return f"<CUDAGraph {state} device={self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
+
+
+STAGE_CAPACITIES = (8, 32, 128)     # table sizes; 128 entries keep the parameters under 4 KiB
+
+
+def multi_copy_source(capacity):
+    """A kernel copying up to ``capacity`` (src, dst, nbytes) entries given in its
+    parameters; blockIdx.y picks the entry, 16-byte moves when aligned."""
+    return f"""
+struct tp_entry {{ const unsigned char* src; unsigned char* dst; unsigned long long nbytes; }};
+struct tp_table_{capacity} {{ unsigned long long n; tp_entry e[{capacity}]; }};
+extern "C" __global__ void tp_multi_copy_{capacity}(tp_table_{capacity} t) {{
+  unsigned int k = blockIdx.y;
+  if (k >= t.n) return;
+  const unsigned char* s = t.e[k].src;
+  unsigned char* d = t.e[k].dst;
+  unsigned long long nb = t.e[k].nbytes;
+  unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  if ((((unsigned long long)s | (unsigned long long)d | nb) & 15ULL) == 0) {{
+    const uint4* s4 = (const uint4*)s;
+    uint4* d4 = (uint4*)d;
+    for (unsigned long long j = tid; j < nb / 16; j += stride) d4[j] = s4[j];
+  }} else {{
+    for (unsigned long long j = tid; j < nb; j += stride) d[j] = s[j];
+  }}
+}}
+"""
 
 
 _SET_CONDITIONAL_SOURCE = r"""
@@ -224,3 +261,86 @@ class graph:
             self.cuda_graph._abort_capture()
             raise
         return False
+
+
+# ---------------------------------------------------------------- graphed callables
+
+def _flatten_outputs(out, where):
+    from .._tensor_api import Tensor
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and all(isinstance(o, Tensor) for o in out):
+        return type(out)(out)
+    raise TypeError(f"{where} must return a tensor or a tuple/list of tensors to be graphed, "
+                    f"got {type(out).__name__}")
+
+
+def capture_callable(fn, static_args, *, warmup=2, pool=None, capture_error_mode="global", where="fn"):
+    """Warm ``fn`` up on a side stream, then capture ``fn(*static_args)``.
+
+    Returns (graph, static outputs). A host read inside ``fn`` (item(),
+    tolist(), bool(tensor), numpy()) fails the capture with a RuntimeError
+    naming the cause; the graph is left reset.
+    """
+    from .._stream import Stream, current_stream, stream as use_stream
+    from .._cuda import CudaError
+    cur = current_stream()
+    side = Stream(cur.device_index)
+    side.wait_stream(cur)
+    with use_stream(side):
+        for _ in range(warmup):
+            fn(*static_args)
+    cur.wait_stream(side)
+    g = CUDAGraph()
+    try:
+        with graph(g, pool=pool, capture_error_mode=capture_error_mode):
+            out = fn(*static_args)
+    except CudaError as exc:
+        if "CAPTURE" in exc.name:
+            raise RuntimeError(
+                f"{where} could not be captured: it makes a call that cannot run inside a CUDA graph "
+                f"({exc.name}), typically a data-dependent host read such as item(), tolist(), "
+                f"numpy() or bool(tensor), or a synchronize") from exc
+        raise
+    return g, _flatten_outputs(out, where)
+
+
+def make_graphed_callables(callables, sample_args, num_warmup_iters=3):
+    """Graph each callable with its sample arguments (tuples of tensors), in
+    order, into one shared memory pool, and return callables that stage their
+    arguments into the captured inputs and replay (for inference: tensorplay
+    has no autograd). A single callable and args tuple may be given instead of
+    tuples. The outputs returned are the graphs' static outputs, overwritten by
+    the next call."""
+    from .._tensor_api import Tensor
+    single = callable(callables)
+    if single:
+        callables, sample_args = (callables,), (sample_args,)
+    if len(callables) != len(sample_args):
+        raise ValueError("make_graphed_callables: one tuple of sample args per callable")
+    pool = graph_pool_handle()
+    graphed = []
+    for fn, args in zip(callables, sample_args):
+        if not callable(fn):
+            raise TypeError(f"{fn!r} is not callable")
+        args = tuple(args)
+        if not all(isinstance(a, Tensor) and a.is_cuda for a in args):
+            raise TypeError("make_graphed_callables: sample args must be CUDA tensors")
+        static = [a.clone() for a in args]
+        g, out = capture_callable(fn, static, warmup=num_warmup_iters, pool=pool,
+                                  where=getattr(fn, "__name__", "callable"))
+        graphed.append(_Graphed(g, static, out))
+    return graphed[0] if single else tuple(graphed)
+
+
+class _Graphed:
+    """A captured callable: each call stages its arguments and replays."""
+
+    def __init__(self, g, static_inputs, outputs):
+        self.graph = g
+        self.static_inputs = static_inputs
+        self.outputs = outputs
+
+    def __call__(self, *args):
+        self.graph.stage_and_launch(self.static_inputs, args)
+        return self.outputs

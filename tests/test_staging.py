@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""stage_and_launch, tensorplay._stax.cudagraphs and make_graphed_callables."""
+
+import numpy as np
+import pytest
+
+import tensorplay as tp
+from tensorplay._stax import cudagraphs
+from tensorplay.cuda import CUDAGraph
+
+pytestmark = pytest.mark.cuda
+
+
+def _graph_sum(statics):
+    """A graph computing out = sum of statics (each of shape (n,))."""
+    out = tp.zeros(statics[0].shape, device="cuda")
+    acc = out + 0.0
+    tp.cuda.synchronize()
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        out.zero_()
+        for s in statics:
+            out.add_(s.to(tp.float32))
+    return g, out
+
+
+@pytest.mark.parametrize("n_inputs", [1, 8, 32, 129])
+def test_fast_pairs_match_copy_and_replay(n_inputs, rng):
+    statics = [tp.zeros(1024, device="cuda") for _ in range(n_inputs)]
+    g, out = _graph_sum(statics)
+    for _ in range(3):
+        data = [rng.standard_normal(1024).astype(np.float32) for _ in range(n_inputs)]
+        inputs = [tp.tensor(d, device="cuda") for d in data]
+        g.stage_and_launch(statics, inputs)
+        staged = out.numpy().copy()
+        for s, i in zip(statics, inputs):
+            s.copy_(i)
+        g.replay()
+        assert np.array_equal(staged, out.numpy())
+        np.testing.assert_allclose(staged, np.sum(data, axis=0), rtol=1e-5, atol=1e-5)
+        for s, d in zip(statics, data):
+            assert np.array_equal(s.numpy(), d)
+
+
+def test_fallback_pairs_match_copy_semantics(rng):
+    shapes = (6, 5)
+    statics = [tp.zeros(*shapes, device="cuda") for _ in range(6)]
+    g, out = _graph_sum(statics)
+    base = rng.standard_normal(shapes).astype(np.float32)
+    inputs = [
+        tp.tensor(base, device="cuda").to(tp.float16),            # other dtype
+        tp.tensor(base.T.copy(), device="cuda").T,                # non-contiguous
+        tp.tensor(base),                                          # CPU tensor
+        base * 2,                                                 # NumPy array
+        tp.tensor(base[0], device="cuda"),                        # broadcast row
+        tp.tensor(base, device="cuda"),                           # a fast pair among them
+    ]
+    g.stage_and_launch(statics, inputs)
+    expected = [base.astype(np.float16).astype(np.float32), base, base, base * 2,
+                np.broadcast_to(base[0], shapes), base]
+    for s, e in zip(statics, expected):
+        assert np.array_equal(s.numpy(), e)
+    np.testing.assert_allclose(out.numpy(), np.sum(expected, axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_validation_errors_leave_static_buffers_untouched():
+    statics = [tp.full((4,), 7.0, device="cuda") for _ in range(2)]
+    g, out = _graph_sum(statics)
+    good = tp.ones(4, device="cuda")
+    with pytest.raises(ValueError, match="2 static inputs but 1"):
+        g.stage_and_launch(statics, [good])
+    with pytest.raises(TypeError, match="not a tensor"):
+        g.stage_and_launch(statics, [good, "x"])
+    with pytest.raises(ValueError, match="broadcast"):
+        g.stage_and_launch(statics, [good, tp.ones(3, device="cuda")])
+    with pytest.raises(TypeError, match="static_inputs\\[0\\]"):
+        g.stage_and_launch([3, statics[1]], [good, good])
+    with pytest.raises(TypeError, match="lists or tuples"):
+        g.stage_and_launch(statics[0], good)
+    for s in statics:
+        assert s.tolist() == [7.0] * 4
+    g.reset()
+    with pytest.raises(RuntimeError, match="nothing to replay"):
+        g.stage_and_launch(statics, [good, good])
+
+
+def test_stage_and_launch_follows_the_current_stream():
+    statics = [tp.zeros(256, device="cuda")]
+    g, out = _graph_sum(statics)
+    s = tp.cuda.Stream()
+    with tp.cuda.stream(s):
+        x = tp.full((256,), 3.0, device="cuda")
+        g.stage_and_launch(statics, [x])
+    s.synchronize()
+    assert out[:2].tolist() == [3.0, 3.0]
+
+
+def _mlp_weights(rng, sizes):
+    return [(tp.tensor(rng.standard_normal((a, b)).astype(np.float32) / np.sqrt(a), device="cuda"),
+             tp.tensor(rng.standard_normal(b).astype(np.float32) * 0.1, device="cuda"))
+            for a, b in zip(sizes[:-1], sizes[1:])]
+
+
+def test_cudagraphify_matches_eager_and_captures_once_per_signature(rng):
+    weights = _mlp_weights(rng, [32, 64, 64, 10])
+
+    def mlp(x, scale=1.0):
+        h = x
+        for k, (w, b) in enumerate(weights):
+            h = h @ w + b
+            if k < len(weights) - 1:
+                h = h.relu()
+        return h * scale
+
+    graphed = cudagraphs.cudagraphify(mlp)
+    for step in range(20):
+        x = tp.tensor(rng.standard_normal((8, 32)).astype(np.float32), device="cuda")
+        y = graphed(x)
+        np.testing.assert_allclose(y.numpy(), mlp(x).numpy(), rtol=1e-5, atol=1e-5)
+    assert graphed.num_captures == 1
+    x16 = tp.tensor(rng.standard_normal((16, 32)).astype(np.float32), device="cuda")
+    np.testing.assert_allclose(graphed(x16).numpy(), mlp(x16).numpy(), rtol=1e-5, atol=1e-5)
+    assert graphed.num_captures == 2                 # a new shape: one new capture
+    graphed(x16, 2.0)
+    assert graphed.num_captures == 3                 # a new non-tensor value: one more
+    np.testing.assert_allclose(graphed(x16, 2.0).numpy(), mlp(x16, 2.0).numpy(), rtol=1e-5, atol=1e-5)
+    assert graphed.num_captures == 3
+    pools = {g.pool_id for g, _, _ in graphed._entries.values()}
+    assert len(pools) == 1
+    a = graphed(x16)
+    b = graphed(x16 * 0)
+    assert a is b                                     # static outputs: overwritten by the next call
+    c = cudagraphs.cudagraphify(mlp, clone_outputs=True)
+    assert c(x16) is not c(x16)
+    graphed.reset()
+    assert not graphed._entries
+
+
+def test_cudagraphify_rejects_bad_functions():
+    x = tp.ones(4, device="cuda")
+    with pytest.raises(TypeError, match="tensor or a tuple"):
+        cudagraphs.cudagraphify(lambda t: 3)(x)
+    with pytest.raises(RuntimeError, match="host read"):
+        cudagraphs.cudagraphify(lambda t: t * t.sum().item())(x)
+    with pytest.raises(TypeError, match="CUDA tensors"):
+        cudagraphs.cudagraphify(lambda t: t)(tp.ones(2))
+    with pytest.raises(TypeError, match="not hashable"):
+        cudagraphs.cudagraphify(lambda t, opt: t)(x, [1])
+
+
+def test_make_graphed_callables_share_a_pool(rng):
+    w1, w2 = (tp.tensor(rng.standard_normal((16, 16)).astype(np.float32), device="cuda") for _ in range(2))
+    f1 = lambda x: (x @ w1).tanh()
+    f2 = lambda x: (x @ w2).relu()
+    x = tp.tensor(rng.standard_normal((4, 16)).astype(np.float32), device="cuda")
+    g1, g2 = tp.cuda.make_graphed_callables((f1, f2), ((x,), (x,)))
+    assert g1.graph.pool_id == g2.graph.pool_id
+    for _ in range(3):
+        x = tp.tensor(rng.standard_normal((4, 16)).astype(np.float32), device="cuda")
+        h = g1(x)
+        np.testing.assert_allclose(h.numpy(), f1(x).numpy(), rtol=1e-5, atol=1e-5)
+        y = g2(h)
+        np.testing.assert_allclose(y.numpy(), f2(f1(x)).numpy(), rtol=1e-5, atol=1e-5)
+    single = tp.cuda.make_graphed_callables(f1, (x,))
+    np.testing.assert_allclose(single(x).numpy(), f1(x).numpy(), rtol=1e-5, atol=1e-5)
