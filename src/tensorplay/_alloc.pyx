@@ -34,6 +34,26 @@ cdef inline FreeKey free_key(Block* b) noexcept nogil:
     return FreeKey(<uintptr_t>b.stream, pair[size_t, uintptr_t](b.size, <uintptr_t>b.ptr))
 
 
+cdef inline bint _mergeable(Block* n) noexcept:
+    return n != NULL and not n.allocated and n.pending_events == 0
+
+
+cdef Block* _absorb_next(Block* b, cmap[FreeKey, Block*]* m) noexcept:
+    """Merge b.next into b (b may sit in the free map; it is taken out, as the
+    caller reinserts the merged block). Returns b."""
+    cdef Block* n = b.next
+    if not b.allocated:
+        m.erase(free_key(b))
+    if not n.allocated:
+        m.erase(free_key(n))
+    b.size += n.size
+    b.next = n.next
+    if n.next != NULL:
+        n.next.prev = b
+    PyMem_Free(n)
+    return b
+
+
 cdef object _pool_ids = itertools.count(1)
 
 
@@ -299,24 +319,10 @@ cdef class DeviceAllocator:
     cdef void insert_free(self, Block* b, Pool pool) noexcept:
         """Put a free block back, merged with free neighbours of its segment."""
         cdef cmap[FreeKey, Block*]* m = pool.free_map(b.small)
-        cdef Block* n
-        n = b.prev
-        if n != NULL and not n.allocated and n.pending_events == 0:
-            m.erase(free_key(n))
-            n.size += b.size
-            n.next = b.next
-            if b.next != NULL:
-                b.next.prev = n
-            PyMem_Free(b)
-            b = n
-        n = b.next
-        if n != NULL and not n.allocated and n.pending_events == 0:
-            m.erase(free_key(n))
-            b.size += n.size
-            b.next = n.next
-            if n.next != NULL:
-                n.next.prev = b
-            PyMem_Free(n)
+        if _mergeable(b.prev):
+            b = _absorb_next(b.prev, m)
+        if _mergeable(b.next):
+            _absorb_next(b, m)
         # Memory stays cached until empty_cache, as in PyTorch.
         m.insert(FreeEntry(free_key(b), b))
 

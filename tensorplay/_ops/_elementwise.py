@@ -29,16 +29,14 @@ def _is_float_c(c):
     return c in ("float", "double")
 
 
-def _nan_max(c, x, y):
-    if _is_float_c(c):
-        return f"(({x}) != ({x}) ? ({x}) : (({y}) != ({y}) ? ({y}) : (({x}) > ({y}) ? ({x}) : ({y}))))"
-    return f"(({x}) > ({y}) ? ({x}) : ({y}))"
-
-
-def _nan_min(c, x, y):
-    if _is_float_c(c):
-        return f"(({x}) != ({x}) ? ({x}) : (({y}) != ({y}) ? ({y}) : (({x}) < ({y}) ? ({x}) : ({y}))))"
-    return f"(({x}) < ({y}) ? ({x}) : ({y}))"
+def _nan_extreme(cmp):
+    """maximum (cmp '>') / minimum (cmp '<'), propagating NaN as PyTorch does."""
+    def gen(c, x, y):
+        pick = f"(({x}) {cmp} ({y}) ? ({x}) : ({y}))"
+        if _is_float_c(c):
+            return f"(({x}) != ({x}) ? ({x}) : (({y}) != ({y}) ? ({y}) : {pick}))"
+        return pick
+    return gen
 
 
 def _floordiv(c, x, y):
@@ -118,8 +116,8 @@ OPS = {
     "floor_divide": ("arith", _floordiv, np.floor_divide),
     "remainder": ("arith", _remainder, np.remainder),
     "pow": ("arith", _pow, np.power),
-    "maximum": ("arith", _nan_max, np.maximum),
-    "minimum": ("arith", _nan_min, np.minimum),
+    "maximum": ("arith", _nan_extreme(">"), np.maximum),
+    "minimum": ("arith", _nan_extreme("<"), np.minimum),
     "eq": ("compare", lambda c, x, y: f"({x}) == ({y})", np.equal),
     "ne": ("compare", lambda c, x, y: f"({x}) != ({y})", np.not_equal),
     "lt": ("compare", lambda c, x, y: f"({x}) < ({y})", np.less),

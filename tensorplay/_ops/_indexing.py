@@ -92,6 +92,14 @@ def _index_tensor(ix, device):
     return t, t.is_cpu
 
 
+def _check_host_bounds(ix, size, dim):
+    """IndexError for the first index outside [-size, size) (indices known on the host)."""
+    h = ix.numpy().astype(np.int64).reshape(-1)
+    bad = (h < -size) | (h >= size)
+    if bad.any():
+        raise IndexError(f"index {int(h[bad][0])} is out of bounds for dimension {dim} with size {size}")
+
+
 def _mask_to_indices(mask, view, dim):
     """Boolean mask over dims [dim, dim+mask.ndim) -> (flattened view, int64 index)."""
     shape = view.shape[dim:dim + mask.ndim]
@@ -172,10 +180,7 @@ def getitem(t, index):
     if view.ndim <= dim:
         raise IndexError(f"too many indices for a {t.ndim}-d tensor")
     if on_host:
-        h = ix.numpy().astype(np.int64).reshape(-1)
-        bad = (h < -size) | (h >= size)
-        if bad.any():
-            raise IndexError(f"index {int(h[bad][0])} is out of bounds for dimension {dim} with size {size}")
+        _check_host_bounds(ix, size, dim)
     flat = ix.reshape(-1)
     out_shape = view.shape[:dim] + (flat.numel(),) + view.shape[dim + 1:]
     final_shape = view.shape[:dim] + tuple(out_idx_shape) + view.shape[dim + 1:]
@@ -206,10 +211,7 @@ def setitem(t, index, value):
         on_host = True
     size = view.shape[dim]
     if on_host:
-        h = ix.numpy().astype(np.int64).reshape(-1)
-        bad = (h < -size) | (h >= size)
-        if bad.any():
-            raise IndexError(f"index {int(h[bad][0])} is out of bounds for dimension {dim} with size {size}")
+        _check_host_bounds(ix, size, dim)
     flat = ix.reshape(-1)
     shape = view.shape[:dim] + (flat.numel(),) + view.shape[dim + 1:]
     src = empty(shape, dtype=view.dtype, device=view.device)
