@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DOT rendering of a captured graph's description (pure Python).
+
+A description is what ``CUDAGraph.describe()`` returns::
+
+    {"nodes": [{"id": 0, "kind": "kernel", "name": "tp_add_float32", "attrs": {...}},
+               {"id": 1, "kind": "conditional", "type": "while", "attrs": {...},
+                "bodies": [<description>, ...]},
+               ...],
+     "edges": [[0, 1], ...]}
+
+Conditional bodies become clusters labelled ``if`` / ``while``, nested as
+captured; every label is escaped, so any kernel name yields valid DOT.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+
+__all__ = ["to_dot", "demangle", "escape"]
+
+_SHAPES = {"kernel": "box", "memcpy": "parallelogram", "memset": "parallelogram", "conditional": "diamond",
+           "event_record": "cds", "wait_event": "cds", "mem_alloc": "folder", "mem_free": "folder",
+           "empty": "point", "host": "box3d", "graph": "box3d"}
+
+
+def escape(text) -> str:
+    """Quote ``text`` as a DOT string (backslashes, quotes, newlines, control chars)."""
+    out = []
+    for ch in str(text):
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\n":
+            out.append("\\n")
+        elif ord(ch) < 32 or ch == "\x7f":
+            out.append(f"\\\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+@functools.lru_cache(maxsize=4096)
+def demangle(name: str) -> str:
+    """Demangle an Itanium C++ symbol with c++filt when present; other names as given."""
+    if not name.startswith("_Z"):
+        return name
+    tool = shutil.which("c++filt") or shutil.which("cu++filt")
+    if tool is None:
+        return name
+    try:
+        out = subprocess.run([tool, name], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return name
+    return out.stdout.strip() or name
+
+
+def _fmt(v):
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(_fmt(x) for x in v) + ")"
+    return str(v)
+
+
+def _label(node, detailed):
+    kind = node.get("kind", "node")
+    lines = [kind if kind != "conditional" else f"{node.get('type', 'conditional')} node"]
+    if node.get("name"):
+        lines.append(demangle(node["name"]))
+    if detailed:
+        for k, v in sorted(node.get("attrs", {}).items()):
+            lines.append(f"{k}={_fmt(v)}")
+    return "\n".join(lines)
+
+
+def _emit(desc, prefix, lines, indent, detailed, counter):
+    ids = {}
+    for node in desc.get("nodes", []):
+        nid = f"{prefix}n{node['id']}"
+        ids[node["id"]] = nid
+        shape = _SHAPES.get(node.get("kind"), "box")
+        lines.append(f'{indent}{escape(nid)} [label={escape(_label(node, detailed))}, shape={shape}];')
+        for b, body in enumerate(node.get("bodies", []) or []):
+            counter[0] += 1
+            cluster = f"cluster_{counter[0]}"
+            lines.append(f"{indent}subgraph {cluster} {{")
+            lines.append(f"{indent}  label={escape(node.get('type', 'body'))}; style=rounded; color=gray40;")
+            body_prefix = f"{prefix}n{node['id']}b{b}_"
+            first = _emit(body, body_prefix, lines, indent + "  ", detailed, counter)
+            if not first:   # an empty body still shows as a cluster
+                lines.append(f'{indent}  {escape(body_prefix + "empty")} [label="(empty)", shape=plaintext];')
+                first = [body_prefix + "empty"]
+            lines.append(f"{indent}}}")
+            lines.append(f'{indent}{escape(nid)} -> {escape(first[0])} [lhead={cluster}, style=dashed];')
+    for a, b in desc.get("edges", []):
+        if a in ids and b in ids:
+            lines.append(f"{indent}{escape(ids[a])} -> {escape(ids[b])};")
+    return [ids[n["id"]] for n in desc.get("nodes", [])]
+
+
+def to_dot(desc, *, detailed=False, title="CUDA graph") -> str:
+    """Render a graph description as DOT source."""
+    if not isinstance(desc, dict) or "nodes" not in desc:
+        raise TypeError("expected a graph description: a dict with 'nodes' and 'edges'")
+    lines = ["digraph cudagraph {", "  compound=true; rankdir=TB;",
+             f"  label={escape(title)}; labelloc=t;",
+             '  node [fontname="monospace", fontsize=10];']
+    _emit(desc, "", lines, "  ", detailed, [0])
+    lines.append("}")
+    return "\n".join(lines) + "\n"

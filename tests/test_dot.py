@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DOT rendering of graph descriptions: no GPU needed; Graphviz checks the output."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from tensorplay.cuda import _dot
+
+NESTED = {
+    "nodes": [
+        {"id": 0, "kind": "memset", "attrs": {"bytes": 4096, "value": 0}},
+        {"id": 1, "kind": "kernel", "name": 'tp_add "quoted" \\ back\nline <&>', "attrs": {"grid": (4, 1, 1),
+                                                                                          "block": (256, 1, 1)}},
+        {"id": 2, "kind": "conditional", "type": "while", "attrs": {"handle": 7},
+         "bodies": [{
+             "nodes": [
+                 {"id": 0, "kind": "kernel", "name": "_Z3fooPfi", "attrs": {}},
+                 {"id": 1, "kind": "conditional", "type": "if", "attrs": {},
+                  "bodies": [{"nodes": [{"id": 0, "kind": "kernel", "name": "inner", "attrs": {}}],
+                              "edges": []}]},
+             ],
+             "edges": [[0, 1]],
+         }]},
+        {"id": 3, "kind": "event_record", "attrs": {}},
+    ],
+    "edges": [[0, 1], [1, 2], [2, 3]],
+}
+
+
+def test_dot_has_the_expected_nodes_edges_and_clusters():
+    dot = _dot.to_dot(NESTED, detailed=True)
+    assert dot.startswith("digraph cudagraph {") and dot.rstrip().endswith("}")
+    assert '"n0" -> "n1";' in dot and '"n1" -> "n2";' in dot and '"n2" -> "n3";' in dot
+    assert dot.count("subgraph cluster_") == 2
+    assert 'label="while"' in dot and 'label="if"' in dot
+    assert '"n2b0_n0" -> "n2b0_n1";' in dot
+    assert '\\"quoted\\"' in dot and "\\\\ back" in dot
+    assert "grid=(4, 1, 1)" in dot
+    plain = _dot.to_dot(NESTED)
+    assert "grid=" not in plain and "tp_add" in plain
+
+
+def test_escape_handles_any_text():
+    assert _dot.escape('a"b') == '"a\\"b"'
+    assert _dot.escape("x\\y") == '"x\\\\y"'
+    assert _dot.escape("l1\nl2") == '"l1\\nl2"'
+    assert "\x01" not in _dot.escape("bad\x01char")
+
+
+def test_demangle_plain_names_pass_through():
+    assert _dot.demangle("tp_add_float32") == "tp_add_float32"
+    if shutil.which("c++filt"):
+        assert _dot.demangle("_Z3fooPfi") == "foo(float*, int)"
+
+
+def test_bad_descriptions_raise():
+    with pytest.raises(TypeError):
+        _dot.to_dot([1, 2])
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz 'dot' is not installed")
+def test_graphviz_accepts_the_output(tmp_path):
+    for detailed in (False, True):
+        src = tmp_path / f"g{int(detailed)}.dot"
+        src.write_text(_dot.to_dot(NESTED, detailed=detailed))
+        out = subprocess.run(["dot", "-Tsvg", str(src)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert "<svg" in out.stdout and "while" in out.stdout and "if" in out.stdout
