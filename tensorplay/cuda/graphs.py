@@ -116,6 +116,61 @@ class CUDAGraph(CUDAGraphBase):
         """The allocator pool this graph captured into (None before a capture)."""
         return self._pool_id_
 
+    # ------------------------------------------------------------ introspection
+
+    def enable_debug_mode(self):
+        """Keep full node attributes for :meth:`debug_dump` (call before capturing)."""
+        self._debug_mode = True
+
+    def describe(self):
+        """The captured graph as plain data::
+
+            {"nodes": [{"id": int, "kind": "kernel" | "memcpy" | "memset" | "event_record" |
+                        "wait_event" | "mem_alloc" | "mem_free" | "empty" | "conditional" | ...,
+                        "name": kernel name (kernels),
+                        "type": "if" | "while" (conditional nodes),
+                        "bodies": [description, ...] (conditional nodes),
+                        "attrs": {grid, block, shared_mem, num_params, bytes, value, direction,
+                                  event, handle, ...}},
+                       ...],
+             "edges": [[from_id, to_id], ...]}
+
+        Attributes beyond sizes are present when debug mode was enabled.
+        """
+        return self._describe(getattr(self, "_debug_mode", False))
+
+    def debug_dump(self, path):
+        """Write a DOT picture of the captured graph to ``path``; with a ``.svg``
+        or ``.png`` name and Graphviz's ``dot`` installed, render it (otherwise
+        DOT is written next to it, and the message says how to render it).
+        Returns the path written."""
+        import os
+        import shutil
+        import subprocess
+        from . import _dot
+        path = os.fspath(path)
+        desc = self.describe()
+        dot = _dot.to_dot(desc, detailed=getattr(self, "_debug_mode", False),
+                          title=f"CUDA graph on cuda:{self.device_index} ({self.num_nodes} nodes)")
+        root, ext = os.path.splitext(path)
+        if ext.lower() in (".svg", ".png"):
+            tool = shutil.which("dot")
+            dot_path = root + ".dot"
+            with open(dot_path, "w") as f:
+                f.write(dot)
+            if tool is None:
+                warnings.warn(f"Graphviz 'dot' not found: wrote {dot_path}; render it with "
+                              f"'dot -T{ext[1:].lower()} {dot_path} -o {path}'", UserWarning, stacklevel=2)
+                return dot_path
+            res = subprocess.run([tool, f"-T{ext[1:].lower()}", dot_path, "-o", path],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                raise OSError(f"dot failed to render {path}: {res.stderr.strip()}")
+            return path
+        with open(path, "w") as f:
+            f.write(dot)
+        return path
+
     def _stage_kernels(self):
         """The multi-tensor copy kernels stage_and_launch uses, by table capacity."""
         from .._ops import _kernels
