@@ -191,11 +191,11 @@ def test_conditional_errors_leave_the_process_usable():
     with pytest.raises(RuntimeError, match="no conditional body"):
         g.set_conditional_handle_for_current_node(good)
     g.begin_capture_to_if_node(good)
-    good.fill_(True)
     with pytest.raises(RuntimeError, match="still open"):
         g.capture_end()                                  # unbalanced: discarded
     assert not g.is_capturing and not tp.cuda.is_current_stream_capturing()
     assert tp.cuda.current_stream().handle == 0
+    good.fill_(True)                                     # eager: outside any capture
     x = tp.zeros(2, device="cuda")
     with tp.cuda.graph(g):
         g.begin_capture_to_if_node(good)

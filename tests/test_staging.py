@@ -96,7 +96,7 @@ def test_stage_and_launch_follows_the_current_stream():
 
 
 def _mlp_weights(rng, sizes):
-    return [(tp.tensor(rng.standard_normal((a, b)).astype(np.float32) / np.sqrt(a), device="cuda"),
+    return [(tp.tensor((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32), device="cuda"),
              tp.tensor(rng.standard_normal(b).astype(np.float32) * 0.1, device="cuda"))
             for a, b in zip(sizes[:-1], sizes[1:])]
 
