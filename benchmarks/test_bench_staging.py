@@ -81,28 +81,28 @@ def _torch_graph(torch, n):
     return g, statics, inputs
 
 
-@pytest.mark.parametrize("n", SIZES)
-def test_torch_copy_loop_and_replay(benchmark, n):
+def _torch_bench(benchmark, n, stage):
     torch = pytest.importorskip("torch")
     g, statics, inputs = _torch_graph(torch, n)
     benchmark.group = f"staging {n} inputs"
 
     def run():
-        for s, i in zip(statics, inputs):
-            s.copy_(i)
+        stage(torch, statics, inputs)
         g.replay()
     benchmark.pedantic(run, rounds=2000, iterations=1, warmup_rounds=100)
     torch.cuda.synchronize()
+
+
+def _copy_each(torch, statics, inputs):
+    for s, i in zip(statics, inputs):
+        s.copy_(i)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_torch_copy_loop_and_replay(benchmark, n):
+    _torch_bench(benchmark, n, _copy_each)
 
 
 @pytest.mark.parametrize("n", SIZES)
 def test_torch_foreach_copy_and_replay(benchmark, n):
-    torch = pytest.importorskip("torch")
-    g, statics, inputs = _torch_graph(torch, n)
-    benchmark.group = f"staging {n} inputs"
-
-    def run():
-        torch._foreach_copy_(statics, inputs)
-        g.replay()
-    benchmark.pedantic(run, rounds=2000, iterations=1, warmup_rounds=100)
-    torch.cuda.synchronize()
+    _torch_bench(benchmark, n, lambda torch, statics, inputs: torch._foreach_copy_(statics, inputs))
