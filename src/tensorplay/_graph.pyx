@@ -520,6 +520,11 @@ cdef class CUDAGraphBase:
         return self._capturing
 
     @property
+    def exec_handle(self):
+        """The CUgraphExec as an int (0 before capture_end); for interop and benchmarks."""
+        return <uintptr_t>self._exec
+
+    @property
     def is_instantiated(self):
         return self._exec != NULL
 
