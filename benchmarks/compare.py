@@ -259,7 +259,7 @@ def while_rows(iterations, repeats):
             g.end_capture_to_conditional_node()
         g.replay()
         assert c.item() == n
-        record("while", case, "tensorplay WHILE node (one launch)", latency=latency(g.replay, repeats, sync))
+        record("while", case, "tensorplay WHILE node (one launch)", latency_us=latency(g.replay, repeats, sync))
 
         def host_loop():
             c.zero_()
@@ -268,7 +268,7 @@ def while_rows(iterations, repeats):
                 tp.lt(c, lim, out=p)
                 if not p.item():
                     break
-        record("while", case, "host loop reading the predicate", latency=latency(host_loop, max(3, repeats // 4),
+        record("while", case, "host loop reading the predicate", latency_us=latency(host_loop, max(3, repeats // 4),
                                                                               sync))
         u = tp.cuda.CUDAGraph()
         with tp.cuda.graph(u):
@@ -276,7 +276,7 @@ def while_rows(iterations, repeats):
             for _ in range(n):
                 c.add_(1)
                 tp.lt(c, lim, out=p)
-        record("while", case, "unrolled static graph", latency=latency(u.replay, repeats, sync))
+        record("while", case, "unrolled static graph", latency_us=latency(u.replay, repeats, sync))
 
 
 # ---------------------------------------------------------------- 4. threads
