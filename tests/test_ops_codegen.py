@@ -160,3 +160,83 @@ def test_raw_kernel_signature_parsing_and_packing():
         _custom._pack(["B"], (300,), 0)
     with pytest.raises(TypeError):
         tp.cuda.RawKernel(b"src", "k")
+
+
+class _Recorder:
+    def __init__(self, key, log):
+        self.key, self.log = key, log
+
+    def launch(self, grid, block, params, shared=0, stream=None):
+        self.log.append((self.key, grid, block, params))
+
+
+def _fake_at(shape, dtype, ptr, strides=None):
+    t = tp.Tensor.__new__(tp.Tensor)
+    strides = strides or tp._tensor_api._contiguous_strides(shape)
+    t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
+    return t
+
+
+def test_launch_plans_pack_what_the_full_path_packs(monkeypatch):
+    """A repeated call replays a cached launch plan; its launch must be byte for
+    byte the launch the full path computes for the same operands."""
+    import random
+    log = []
+    monkeypatch.setattr(_kernels, "cached_function", lambda key, dev, make: _Recorder(key, log))
+    monkeypatch.setitem(_kernels._sm_cache, 0, 132)
+    rnd = random.Random(7)
+    ops = ["add", "mul", "sub", "div", "maximum", "lt", "pow", "exp", "neg", "bitwise_and", "where_like"]
+    compared = 0
+    for trial in range(300):
+        op = rnd.choice(ops[:-1])
+        unary = _elementwise.OPS[op][1].__code__.co_argcount == 2
+        da, db = rnd.choice(tp.ALL_DTYPES), rnd.choice(tp.ALL_DTYPES)
+        shape = tuple(rnd.randint(1, 4) for _ in range(rnd.randint(1, 3)))
+        bshape = tuple(1 if rnd.random() < 0.3 else s for s in shape)
+        scalar = rnd.choice([None, None, 3, 2.5, True])
+
+        def operands(base):
+            a = _fake_at(shape, da, base)
+            if unary:
+                return [a]
+            b = scalar if scalar is not None else _fake_at(bshape, db, base + 0x1000)
+            return [a, b]
+        try:
+            result, _ = _elementwise._dtypes_for(op, _elementwise.OPS[op][0], operands(0x10000))
+        except TypeError:
+            continue
+        _elementwise._plans.clear()
+        _elementwise.apply(op, *operands(0x10000), out=_fake_at(shape, result, 0x90000))   # makes a plan
+        log.clear()
+        _elementwise.apply(op, *operands(0x20000), out=_fake_at(shape, result, 0xA0000))   # replays it
+        planned = log[:]
+        assert len(planned) == 1
+        _elementwise._plans.clear()
+        log.clear()
+        _elementwise.apply(op, *operands(0x20000), out=_fake_at(shape, result, 0xA0000))   # full path
+        assert log == planned, (op, da, db, shape, bshape, scalar)
+        compared += 1
+    assert compared > 150
+    _elementwise._plans.clear()
+
+
+def test_launch_plans_allocate_outputs_and_check_scalar_ranges(monkeypatch):
+    log = []
+    monkeypatch.setattr(_kernels, "cached_function", lambda key, dev, make: _Recorder(key, log))
+    monkeypatch.setitem(_kernels._sm_cache, 0, 132)
+    made = []
+
+    def fake_empty(shape, dtype, dev):
+        made.append(shape)
+        return _fake_at(shape, dtype, 0x500000 + 0x1000 * len(made))
+    monkeypatch.setattr(_elementwise, "_empty_cuda", fake_empty)
+    monkeypatch.setattr(_elementwise, "empty", lambda shape, dtype, device: fake_empty(shape, dtype, 0))
+    _elementwise._plans.clear()
+    a = _fake_at((3,), tp.int64, 0x1000)
+    r1 = _elementwise.apply("add", a, 1)
+    r2 = _elementwise.apply("add", a, 2)          # from the plan
+    assert r1.data_ptr() != r2.data_ptr() and r2.dtype is tp.int64 and r2.shape == (3,)
+    assert log[0][0] == log[1][0] and log[0][3][:8] != log[1][3][:8]
+    with pytest.raises(OverflowError):
+        _elementwise.apply("add", a, 2 ** 70)
+    _elementwise._plans.clear()

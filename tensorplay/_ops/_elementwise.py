@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor_api import Tensor, _as_source, _broadcast_shape, broadcast_strides, empty
+from .._tensor_api import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from . import _codegen, _kernels
 from ._promotion import can_cast, result_type
 
@@ -235,8 +235,49 @@ def _prepare_out(out, shape, result, device, op):
     return out
 
 
+# Launch plans of CUDA calls seen before, keyed by op and the operands'
+# dtypes, shapes, strides and scalar types: a repeated call skips promotion,
+# broadcasting and geometry, and only packs pointers and scalars.
+_plans: dict = {}
+_MAX_PLANS = 4096
+_SCALAR_TYPES = (bool, int, float)
+
+
+def _plan_key(op, operands, out, inplace):
+    key = [op, inplace]
+    for x in operands:
+        tx = type(x)
+        if tx in _SCALAR_TYPES:
+            key.append(tx)
+        elif isinstance(x, Tensor) and x.is_cuda:
+            key.append((x._dtype_code_, x.shape, x.strides, x._device_index_))
+        else:
+            return None
+    if out is not None:
+        if not (isinstance(out, Tensor) and out.is_cuda):
+            return None
+        key.append((out._dtype_code_, out.shape, out.strides, out._device_index_))
+    return tuple(key)
+
+
+def _run_plan(plan, operands, out):
+    result, shape, dev, launch, tensor_pos, scalar_pos, kinds = plan
+    if out is None:
+        out = _empty_cuda(shape, result, dev)
+    ptrs = [out.data_ptr()]
+    ptrs.extend(operands[k].data_ptr() for k in tensor_pos)
+    scalars = [float(operands[k]) if kind == "f" else int(operands[k]) for k, kind in zip(scalar_pos, kinds)]
+    launch.launch(ptrs, scalars)
+    return out
+
+
 def apply(op, *operands, out=None, _inplace=False):
     """Run elementwise ``op`` over tensor/scalar ``operands``."""
+    key = _plan_key(op, operands, out, _inplace)
+    if key is not None:
+        plan = _plans.get(key)
+        if plan is not None:
+            return _run_plan(plan, operands, out)
     rule, cgen, npfn = OPS[op]
     operands = [_check_operand(x) for x in operands]
     tensors = [x for x in operands if isinstance(x, Tensor)]
@@ -258,7 +299,15 @@ def apply(op, *operands, out=None, _inplace=False):
         return out
     if device < 0:
         return _apply_cpu(npfn, operands, compute, out)
-    return _apply_cuda(op, cgen, operands, compute, out, device)
+    launch = _apply_cuda(op, cgen, operands, compute, out, device)
+    if key is not None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        tensor_pos = [k for k, x in enumerate(operands) if isinstance(x, Tensor)]
+        scalar_pos = [k for k, x in enumerate(operands) if not isinstance(x, Tensor)]
+        kinds = ["f" if compute.kind == "f" else "i"] * len(scalar_pos)
+        _plans[key] = (out.dtype, out.shape, device, launch, tensor_pos, scalar_pos, kinds)
+    return out
 
 
 def _apply_cpu(npfn, operands, compute, out):
@@ -303,8 +352,7 @@ def _apply_cuda(op, cgen, operands, compute, out, device):
         names.append(f"(({c})s{len(scalars) - 1})")
     expr = cgen(c, *names)
     key = (op, compute.code, tuple(isinstance(x, Tensor) and not x.is_cpu for x in operands))
-    _kernels.launch_elementwise(key, expr, out, ins, in_strides, scalars, kinds, OPS_PREAMBLE)
-    return out
+    return _kernels.launch_elementwise(key, expr, out, ins, in_strides, scalars, kinds, OPS_PREAMBLE)
 
 
 # ------------------------------------------------------------------ where / clamp

@@ -100,7 +100,37 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
 
     f = cached_function(key, dev, make)
     ptrs = [out.data_ptr()] + [t.data_ptr() for t in inputs]
-    launch_packed(f, dev, ptrs, n, scalars, kinds, shape if ndim else (), strides if ndim else (), stream)
+    geom_shape, geom_strides = (shape, strides) if ndim else ((), ())
+    launch_packed(f, dev, ptrs, n, scalars, kinds, geom_shape, geom_strides, stream)
+    return LaunchPlan(f, dev, n, len(ptrs), kinds, geom_shape, geom_strides)
+
+
+class LaunchPlan:
+    """Everything about an elementwise launch that depends only on the operands'
+    dtypes, shapes and strides: the kernel, the grid, the packing format and the
+    packed geometry. Replaying a plan needs only the pointers and scalars."""
+
+    __slots__ = ("f", "dev", "n", "fmt", "geom", "grid")
+
+    def __init__(self, f, dev, n, nptrs, kinds, shape, strides):
+        self.f = f
+        self.dev = dev
+        self.n = n
+        self.fmt = "<" + "Q" * nptrs + "q" + "".join("d" if k == "f" else "q" for k in kinds)
+        flat = list(shape)
+        for st in strides:
+            flat.extend(st)
+        self.geom = struct.pack(f"<{len(flat)}q", *flat)
+        self.grid = grid_for(n, dev)
+
+    def launch(self, ptrs, scalars, stream=None):
+        try:
+            params = struct.pack(self.fmt, *ptrs, self.n, *scalars) + self.geom
+        except struct.error as exc:
+            raise OverflowError(f"a scalar does not fit the kernel's argument type: {exc}") from None
+        if stream is None:
+            stream = current_stream_handle_of(self.dev)
+        self.f.launch(self.grid, BLOCK, params, 0, stream)
 
 
 def geometry(shape, strides_list):
@@ -125,7 +155,10 @@ def launch_packed(f, dev, ptrs, n, scalars, kinds, shape, strides, stream=None):
         vals.extend(shape)
         for st in strides:
             vals.extend(st)
-    params = struct.pack("".join(fmt), *vals)
+    try:
+        params = struct.pack("".join(fmt), *vals)
+    except struct.error as exc:
+        raise OverflowError(f"a scalar does not fit the kernel's argument type: {exc}") from None
     if stream is None:
         stream = current_stream_handle_of(dev)
     f.launch(grid_for(n, dev), BLOCK, params, 0, stream)
