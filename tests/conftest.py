@@ -36,6 +36,15 @@ def random_array(shape, dtype, rng, low=-50, high=50):
     return rng.uniform(low, high, size=shape).astype(d.numpy_dtype)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_launch_plans():
+    """Launch plans cache kernels; tests that fake the kernels must not leak them."""
+    from tensorplay._ops import _elementwise
+    _elementwise._plans.clear()
+    yield
+    _elementwise._plans.clear()
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
