@@ -241,3 +241,37 @@ def test_launch_plans_allocate_outputs_and_check_scalar_ranges(monkeypatch):
     with pytest.raises(OverflowError):
         _elementwise.apply("add", a, 2 ** 70)
     _elementwise._plans.clear()
+
+
+def test_ops_under_capture_register_their_storages(monkeypatch):
+    """While a capture is open on this thread, every op hands the storages it
+    touches to the capturing graph (kept until reset); otherwise nothing."""
+    from tensorplay import _graph
+    from tensorplay.cuda import CUDAGraph
+    monkeypatch.setattr(_kernels, "cached_function", lambda key, dev, make: _Recorder(key, []))
+    monkeypatch.setitem(_kernels._sm_cache, 0, 132)
+
+    class Storage:
+        ptr = 0x10000
+
+    def fake_with_storage(shape, dtype, ptr):
+        t = tp.Tensor.__new__(tp.Tensor)
+        t._set_cuda(Storage(), ptr, shape, tp._tensor_api._contiguous_strides(shape), dtype.code, 0)
+        return t
+    a, b = fake_with_storage((4,), tp.float32, 0x10000), fake_with_storage((4,), tp.float32, 0x20000)
+    out = fake_with_storage((4,), tp.float32, 0x30000)
+    g = CUDAGraph()
+    _elementwise.apply("add", a, b, out=out)
+    assert g.kept_storages == 0
+    _graph.begin_tracking(g)
+    try:
+        _elementwise.apply("add", a, b, out=out)             # full path
+        _elementwise.apply("add", a, b, out=out)             # launch plan
+        _elementwise.where(fake_with_storage((4,), tp.bool, 0x40000), a, 1.0, out=out)
+    finally:
+        _graph.end_tracking()
+    assert g.kept_storages == 4
+    _elementwise.apply("mul", a, b, out=out)
+    assert g.kept_storages == 4                               # nothing after the capture
+    g.reset()
+    assert g.kept_storages == 0

@@ -29,6 +29,46 @@ _live = {"graphs": 0, "execs": 0}
 _begin_lock = threading.Lock()
 
 
+# ---------------------------------------------------------------- keep-alive
+# While a capture is open on a thread, the ops run on that thread register the
+# storages they read and write with the capturing graph, which holds them
+# until reset(): deleting a tensor a graph uses can never let a replay write
+# into memory the allocator handed out again.
+
+cdef int _n_tracking = 0
+_tracking = threading.local()
+
+
+def begin_tracking(graph):
+    """Make ``graph`` the capture this thread's ops register their storages with."""
+    global _n_tracking
+    if getattr(_tracking, "graph", None) is None:
+        _n_tracking += 1
+    _tracking.graph = graph
+
+
+def end_tracking():
+    global _n_tracking
+    if getattr(_tracking, "graph", None) is not None:
+        _n_tracking -= 1
+    _tracking.graph = None
+
+
+def note_capture_use(*tensors):
+    """Register the storages of ``tensors`` with this thread's open capture, if any."""
+    if _n_tracking == 0:
+        return
+    g = getattr(_tracking, "graph", None)
+    if g is None:
+        return
+    keep = (<CUDAGraphBase>g)._keepalive_storages
+    for t in tensors:
+        if isinstance(t, TensorBase):
+            s = (<TensorBase>t)._storage
+            if s is not None:
+                keep[id(s)] = s
+
+
 def live_graph_objects():
     """Counts of live CUgraph and CUgraphExec handles (leak checks in tests)."""
     return dict(_live)
@@ -62,6 +102,7 @@ cdef class CUDAGraphBase:
     cdef object _set_cond_fn        # the set-conditional kernel, given by the Python layer
     cdef list _stage_fns            # multi-tensor copy kernels by table capacity, from the Python layer
     cdef dict _cond_nodes           # conditional node -> (kind, body graph, handle), for describe()
+    cdef dict _keepalive_storages   # id -> storage of every tensor the captured work uses
     cdef int _mode
     cdef object __weakref__
 
@@ -75,6 +116,7 @@ cdef class CUDAGraphBase:
         self._keepalive = []
         self._cond_stack = []
         self._cond_nodes = {}
+        self._keepalive_storages = {}
 
     # ------------------------------------------------------------ capture
 
@@ -142,6 +184,7 @@ cdef class CUDAGraphBase:
         self._capturing = True
         self._mode = mode
         set_stream(s)
+        begin_tracking(self)
         return 0
 
     cdef void _discard_capture(self, cydriver.CUstream stream) noexcept:
@@ -153,7 +196,8 @@ cdef class CUDAGraphBase:
             pass
 
     cdef int _end_routing(self) except -1:
-        """Stop routing allocations and restore the current stream."""
+        """Stop routing allocations and tracking storages; restore the current stream."""
+        end_tracking()
         _allocator(self._device).end_allocate_to_pool(self._capture_id)
         if self._prev_stream is not None:
             set_stream(self._prev_stream)
@@ -494,6 +538,7 @@ cdef class CUDAGraphBase:
                 pass
             self._has_pool = False
         self._keepalive = []
+        self._keepalive_storages = {}
         self._cond_nodes = {}
         self.num_nodes = 0
 
@@ -538,6 +583,11 @@ cdef class CUDAGraphBase:
 
     def _keep(self, obj):
         self._keepalive.append(obj)
+
+    @property
+    def kept_storages(self):
+        """Number of storages this graph keeps alive for its captured work."""
+        return len(self._keepalive_storages)
 
 
 _KINDS = {
