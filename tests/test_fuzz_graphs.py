@@ -17,7 +17,6 @@ from tensorplay.cuda import CUDAGraph
 pytestmark = pytest.mark.cuda
 
 DOCUMENTED = (TypeError, ValueError, RuntimeError, IndexError, tp.cuda.CudaError)
-BAD_PREDS = [None, 1, True, "p", tp.zeros(1, dtype=tp.bool) if True else None]
 
 
 def _bad_pred(kind):
@@ -81,11 +80,8 @@ class GraphMachine(RuleBasedStateMachine):
             self.expect_error(self.g.capture_end)     # bodies still open: discarded
             self.state, self.depth = "empty", 0
             return
-        try:
-            self.g.capture_end()
-            self.state = "ready"
-        except UserWarning:
-            self.state = "ready"
+        self.g.capture_end()          # an empty capture only warns
+        self.state = "ready"
 
     @rule(with_stream=st.booleans())
     def replay(self, with_stream):
