@@ -14,6 +14,7 @@ from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, f
 
 from ._ops import _methods as _methods_mod
 from ._ops._promotion import can_cast, promote_types, result_type
+# importing _indexing registers its device-side index-error check with every host read
 from ._ops._indexing import check_device_errors as _check_device_errors  # noqa: F401
 from .cuda._custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in tensorplay.cuda)
 

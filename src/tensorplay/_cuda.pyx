@@ -113,7 +113,6 @@ cdef int _init_driver() except -1:
                     name, desc = _error_strings(r)
                     g_init_error = f"cuInit failed: {name}: {desc}"
                 else:
-                    count = 0
                     r = cydriver.cuDeviceGetCount(&g_device_count)
                     if r != cydriver.CUDA_SUCCESS:
                         name, desc = _error_strings(r)

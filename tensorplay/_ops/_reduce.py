@@ -177,8 +177,8 @@ def reduce(op, t, dim=None, keepdim=False, dtype=None, out=None, scale=None):
     """Reduce ``t`` over ``dim`` (all dims when None) with ``op``."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{op} expects a Tensor, got {type(t).__name__}")
-    if isinstance(keepdim, (int,)) is False:
-        raise TypeError("keepdim must be a bool")
+    if not isinstance(keepdim, int):
+        raise TypeError(f"keepdim must be a bool, got {type(keepdim).__name__}")
     dims = _norm_dims(t, dim)
     kept = [i for i in range(t.ndim) if i not in dims]
     shape = t.shape
@@ -307,11 +307,9 @@ def var(t, dim=None, correction=1, keepdim=False, out=None):
     dev = apply("sub", x, m)
     sq = apply("mul", dev, dev)
     denom = n - correction
+    # no degrees of freedom left: 0 * inf and the empty reduction both give NaN, as PyTorch
     scale = (1.0 / denom) if denom > 0 else float("inf")
-    r = reduce("sum", sq, dim, keepdim, scale=scale)
-    if denom <= 0:
-        r = apply("mul", r, float("nan")) if denom < 0 or n == 0 else r
-    r = r.to(t.dtype)
+    r = reduce("sum", sq, dim, keepdim, scale=scale).to(t.dtype)
     if out is not None:
         out.copy_(r)
         return out
