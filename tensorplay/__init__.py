@@ -8,6 +8,7 @@ from ._device import device
 from ._dtypes import (ALL_DTYPES, bfloat16, bool_, dtype, float16, float32, float64, int8, int16,
                       int32, int64, uint8)
 from ._interop import as_tensor, from_dlpack
+from ._config import config, show_config
 from ._nvrtc import NVRTCError
 from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
                       ones_like, tensor, zeros, zeros_like)
@@ -31,7 +32,8 @@ short = int16
 
 __version__ = "0.1.0"
 
-__all__ = sorted(_methods_mod.FUNCTIONS) + ["can_cast", "promote_types", "result_type"] + [
+__all__ = sorted(_methods_mod.FUNCTIONS) + ["can_cast", "config", "promote_types", "result_type",
+                                             "show_config"] + [
     "ALL_DTYPES", "NVRTCError", "Tensor", "arange", "as_tensor", "bfloat16", "bool", "cuda",
     "device", "double", "dtype", "empty", "empty_like", "float", "float16", "float32", "float64",
     "from_dlpack", "from_numpy", "full", "full_like", "half", "int", "int8", "int16", "int32",

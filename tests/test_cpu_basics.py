@@ -246,3 +246,19 @@ def test_dlpack_export_import_releases_every_reference():
         del unused
     gc.collect()
     assert sys.getrefcount(t) == base
+
+
+def test_show_config_reports_versions(capsys):
+    info = tp.config()
+    assert info["tensorplay"] == tp.__version__ and info["numpy"] == np.__version__
+    assert info["nvrtc"].split(".")[0].isdigit()
+    if not HAS_CUDA:
+        assert info["gpus"] == [] and info["driver"] is None
+    tp.show_config()
+    out = capsys.readouterr().out
+    assert "tensorplay" in out and "cuda-bindings" in out
+
+
+def test_package_ships_its_typing_marker():
+    import importlib.resources
+    assert importlib.resources.files("tensorplay").joinpath("py.typed").is_file()

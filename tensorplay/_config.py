@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tensorplay.show_config()``: versions and devices, for bug reports."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+
+def config() -> dict:
+    """Versions of tensorplay, Python, NumPy, cuda-bindings, NVRTC and the
+    driver, and the GPUs seen (empty without a driver)."""
+    import numpy
+
+    from . import __version__, cuda
+    from ._nvrtc import nvrtc_version
+    info = {"tensorplay": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
+            "numpy": numpy.__version__}
+    try:
+        from cuda.bindings import __version__ as cb
+    except ImportError:
+        cb = None
+    info["cuda-bindings"] = cb
+    try:
+        info["nvrtc"] = ".".join(map(str, nvrtc_version()))
+    except Exception as exc:
+        info["nvrtc"] = f"unavailable ({exc})"
+    if cuda.is_available():
+        info["driver"] = ".".join(map(str, cuda.driver_version()))
+        info["gpus"] = [f"{i}: {cuda.get_device_name(i)} (sm_{''.join(map(str, cuda.get_device_capability(i)))})"
+                        for i in range(cuda.device_count())]
+    else:
+        info["driver"] = None
+        info["gpus"] = []
+        info["cuda"] = cuda.unavailable_reason()
+    return info
+
+
+def show_config(file=None) -> None:
+    """Print :func:`config` one item a line."""
+    for k, v in config().items():
+        if isinstance(v, list):
+            v = "; ".join(v) if v else "none"
+        print(f"{k:>14}: {v}", file=file or sys.stdout)
