@@ -12,5 +12,5 @@ PY="${PYTHON:-python3}"
     "meson-python>=0.16" "meson>=1.2" ninja "cython>=3.1" \
     "cuda-bindings==13.5.*" "nvidia-cuda-runtime==13.5.*" "cuda-pathfinder>=1.3" \
     "nvidia-cuda-nvrtc>=13,<14" numpy "ml_dtypes>=0.4" \
-    "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4"
+    "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "mypy>=1.18"
 .venv/bin/python -m pip install -q --no-build-isolation --no-deps .
