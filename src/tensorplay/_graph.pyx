@@ -63,10 +63,15 @@ def note_capture_use(*tensors):
         return
     keep = (<CUDAGraphBase>g)._keepalive_storages
     for t in tensors:
-        if isinstance(t, TensorBase):
-            s = (<TensorBase>t)._storage
-            if s is not None:
-                keep[id(s)] = s
+        _keep_storage(keep, t)
+
+
+cdef int _keep_storage(dict keep, object t) except -1:
+    if isinstance(t, TensorBase):
+        s = (<TensorBase>t)._storage
+        if s is not None:
+            keep[id(s)] = s
+    return 0
 
 
 def live_graph_objects():
@@ -97,7 +102,6 @@ cdef class CUDAGraphBase:
     cdef object _capture_thread
     cdef int _pid
     cdef readonly size_t num_nodes
-    cdef list _keepalive
     cdef list _cond_stack           # [(handle, kind, child Stream, pred ptr, parent Stream, capture id)]
     cdef object _set_cond_fn        # the set-conditional kernel, given by the Python layer
     cdef list _stage_fns            # multi-tensor copy kernels by table capacity, from the Python layer
@@ -113,7 +117,6 @@ cdef class CUDAGraphBase:
         self._device = -1
         self._has_pool = False
         self._capturing = False
-        self._keepalive = []
         self._cond_stack = []
         self._cond_nodes = {}
         self._keepalive_storages = {}
@@ -123,11 +126,6 @@ cdef class CUDAGraphBase:
     def _capture_begin(self, long long pool_id, int mode, stream):
         """Begin capturing on ``stream`` (None: a side stream of the current
         device) into pool ``pool_id``, cuStreamBeginCapture."""
-        cdef Stream s
-        cdef int dev
-        cdef cydriver.CUstream prev
-        cdef cydriver.CUstreamCaptureStatus status
-        cdef cydriver.cuuint64_t cid = 0
         if self._capturing:
             raise RuntimeError("capture_begin: this graph is already capturing")
         if self._exec != NULL or self._graph != NULL:
@@ -332,7 +330,7 @@ cdef class CUDAGraphBase:
             check(cydriver.cuStreamGetCaptureInfo(child._handle, &status, &child_cid, NULL, NULL, NULL, NULL))
         _allocator(self._device).begin_allocate_to_pool(self._pool_id, child_cid)
         self._cond_stack.append((handle, kind, child, pred, cur, child_cid))
-        self._keepalive.append(pred_owner)
+        _keep_storage(self._keepalive_storages, pred_owner)   # replays read the predicate
         set_stream(child)
 
     def _end_conditional(self):
@@ -365,7 +363,7 @@ cdef class CUDAGraphBase:
         self._launch_set_conditional(<cydriver.CUgraphConditionalHandle>handle, pred,
                                      current_stream_handle(self._device))
         self._cond_stack[len(self._cond_stack) - 1] = (handle, kind, child, pred, parent, cid)
-        self._keepalive.append(pred_owner)
+        _keep_storage(self._keepalive_storages, pred_owner)
 
     @property
     def conditional_depth(self):
@@ -537,7 +535,6 @@ cdef class CUDAGraphBase:
             except BaseException:
                 pass
             self._has_pool = False
-        self._keepalive = []
         self._keepalive_storages = {}
         self._cond_nodes = {}
         self.num_nodes = 0
@@ -580,9 +577,6 @@ cdef class CUDAGraphBase:
     @property
     def device_index(self):
         return self._device
-
-    def _keep(self, obj):
-        self._keepalive.append(obj)
 
     @property
     def kept_storages(self):
