@@ -100,15 +100,18 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
 
     f = cached_function(key, dev, make)
     ptrs = [out.data_ptr()] + [t.data_ptr() for t in inputs]
-    geom_shape, geom_strides = (shape, strides) if ndim else ((), ())
-    launch_packed(f, dev, ptrs, n, scalars, kinds, geom_shape, geom_strides, stream)
-    return LaunchPlan(f, dev, n, len(ptrs), kinds, geom_shape, geom_strides)
+    plan = LaunchPlan(f, dev, n, len(ptrs), kinds, shape if ndim else (), strides if ndim else ())
+    plan.launch(ptrs, scalars, stream)
+    return plan
 
 
 class LaunchPlan:
     """Everything about an elementwise launch that depends only on the operands'
     dtypes, shapes and strides: the kernel, the grid, the packing format and the
-    packed geometry. Replaying a plan needs only the pointers and scalars."""
+    packed geometry. Launching needs only the pointers and scalars.
+
+    Arguments are (pointers, n, 8-byte scalars, geometry): one thread per
+    element, grid-stride, on ``stream`` (default: the current stream)."""
 
     __slots__ = ("f", "dev", "n", "fmt", "geom", "grid")
 
@@ -140,25 +143,3 @@ def geometry(shape, strides_list):
     if ndim == 1 and all(st[0] == 1 for st in strides):
         ndim = 0
     return shape, strides, ndim
-
-
-def launch_packed(f, dev, ptrs, n, scalars, kinds, shape, strides, stream=None):
-    """Pack (pointers, n, 8-byte scalars, geometry) and launch one thread per
-    element (grid-stride) on ``stream`` (default: the current stream)."""
-    fmt = ["<", "Q" * len(ptrs), "q"]
-    vals = list(ptrs) + [n]
-    for kind, v in zip(kinds, scalars):
-        fmt.append("d" if kind == "f" else "q")
-        vals.append(v)
-    if shape:
-        fmt.append("q" * (len(shape) * (len(strides) + 1)))
-        vals.extend(shape)
-        for st in strides:
-            vals.extend(st)
-    try:
-        params = struct.pack("".join(fmt), *vals)
-    except struct.error as exc:
-        raise OverflowError(f"a scalar does not fit the kernel's argument type: {exc}") from None
-    if stream is None:
-        stream = current_stream_handle_of(dev)
-    f.launch(grid_for(n, dev), BLOCK, params, 0, stream)

@@ -308,6 +308,6 @@ class ElementwiseKernel:
             f = _kernels.cached_function(key, dev, lambda: (_codegen.custom_elementwise_source(
                 f"{self.name}_{ndim}d", arrays, scalars, typedefs, self.operation, ndim, self.preamble),
                 f"{self.name}_{ndim}d"))
-            _kernels.launch_packed(f, dev, ptrs, n, svals, kinds, cshape if ndim else (),
-                                   cstrides if ndim else ())
+            _kernels.LaunchPlan(f, dev, n, len(ptrs), kinds, cshape if ndim else (),
+                                cstrides if ndim else ()).launch(ptrs, svals)
         return outs[0] if len(outs) == 1 else tuple(outs)
