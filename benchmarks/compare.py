@@ -37,15 +37,25 @@ def record(section, case, library, host_us=None, latency_us=None, extra=None, er
 
 
 def host_per_call(fn, calls, repeats, sync):
-    per = []
-    for _ in range(repeats):
+    """Median host time of one call, timed over ``calls`` back-to-back calls
+    after a synchronize (the launch queue stays short)."""
+    return interleaved_host([("_", lambda k: [fn() for _ in range(k)], sync)], calls, repeats)["_"]
+
+
+def interleaved_host(contenders, calls, rounds):
+    """Median host time per call of each contender, ``(name, batch, sync)``
+    with ``batch(k)`` making k calls. Rounds alternate between contenders so
+    that drift of the machine affects all of them alike."""
+    per = {name: [] for name, _, _ in contenders}
+    for _ in range(rounds):
+        for name, batch, sync in contenders:
+            sync()
+            t0 = time.perf_counter()
+            batch(calls)
+            per[name].append((time.perf_counter() - t0) / calls * 1e6)
+    for _, _, sync in contenders:
         sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) / calls * 1e6)
-    sync()
-    return statistics.median(per)
+    return {name: statistics.median(v) for name, v in per.items()}
 
 
 def latency(fn, repeats, sync):
@@ -95,7 +105,17 @@ def build_cloop():
 
 # ---------------------------------------------------------------- 1. replay overhead
 
+def _loop(fn):
+    def batch(k):
+        for _ in range(k):
+            fn()
+    return batch
+
+
 def replay_rows(sizes, calls, repeats, torch, cp):
+    """Host time per replay of an n-node graph: every contender is built first,
+    then timed in alternating rounds. The C loop launches the same executable
+    as tensorplay, on the same streams."""
     sync = tp.cuda.synchronize
     try:
         cloop = build_cloop()
@@ -104,7 +124,8 @@ def replay_rows(sizes, calls, repeats, torch, cp):
         record("replay", "all", "C loop cuGraphLaunch", error=f"build failed: {exc}"[:200])
     for n in sizes:
         case = f"{n} nodes"
-        k = max(5, min(calls, 20000 // n))
+        k = max(5, min(calls, 2000 // n))        # launches per round: the queue stays short
+        contenders, latencies = [], {}
         x = tp.zeros(1, device="cuda")
         x.add_(1)
         g = tp.cuda.CUDAGraph()
@@ -112,21 +133,17 @@ def replay_rows(sizes, calls, repeats, torch, cp):
             for _ in range(n):
                 x.add_(1)
         s = tp.cuda.Stream()
-        record("replay", case, "tensorplay replay()", host_per_call(g.replay, k, repeats, sync),
-               latency(g.replay, repeats, sync))
-        record("replay", case, "tensorplay replay(stream)",
-               host_per_call(lambda: g.replay(s), k, repeats, s.synchronize),
-               latency(lambda: g.replay(s), repeats, s.synchronize))
+        contenders.append(("tensorplay replay()", _loop(g.replay), sync))
+        contenders.append(("tensorplay replay(stream)", _loop(lambda: g.replay(s)), sync))
+        latencies["tensorplay replay()"] = latency(g.replay, repeats, sync)
+        latencies["tensorplay replay(stream)"] = latency(lambda: g.replay(s), repeats, sync)
         if cloop is not None:
-            handle = g.exec_handle
-            per = []
-            for _ in range(repeats):
-                sync()
-                t0 = time.perf_counter()
-                cloop.graph_launch_loop(handle, 0, k)
-                per.append((time.perf_counter() - t0) / k * 1e6)
-            sync()
-            record("replay", case, "C loop cuGraphLaunch", statistics.median(per))
+            handle, sh = g.exec_handle, s.handle
+            cur = tp.cuda.current_stream().handle
+            contenders.append(("C loop cuGraphLaunch, current stream",
+                               lambda k: cloop.graph_launch_loop(handle, cur, k), sync))
+            contenders.append(("C loop cuGraphLaunch, same stream as replay(stream)",
+                               lambda k: cloop.graph_launch_loop(handle, sh, k), sync))
 
         @guarded("replay", case, "PyTorch CUDAGraph.replay()")
         def _torch():
@@ -140,9 +157,8 @@ def replay_rows(sizes, calls, repeats, torch, cp):
             with torch.cuda.graph(tg):
                 for _ in range(n):
                     tx.add_(1)
-            record("replay", case, "PyTorch CUDAGraph.replay()",
-                   host_per_call(tg.replay, k, repeats, torch.cuda.synchronize),
-                   latency(tg.replay, repeats, torch.cuda.synchronize))
+            contenders.append(("PyTorch CUDAGraph.replay()", _loop(tg.replay), torch.cuda.synchronize))
+            latencies["PyTorch CUDAGraph.replay()"] = latency(tg.replay, repeats, torch.cuda.synchronize)
 
         @guarded("replay", case, "CuPy Graph.launch()")
         def _cupy():
@@ -156,8 +172,8 @@ def replay_rows(sizes, calls, repeats, torch, cp):
                 cg = st.end_capture()
             cg.upload(st) if hasattr(cg, "upload") else None
             csync = cp.cuda.Device().synchronize
-            record("replay", case, "CuPy Graph.launch()", host_per_call(lambda: cg.launch(st), k, repeats, csync),
-                   latency(lambda: cg.launch(st), repeats, csync))
+            contenders.append(("CuPy Graph.launch()", _loop(lambda: cg.launch(st)), csync))
+            latencies["CuPy Graph.launch()"] = latency(lambda: cg.launch(st), repeats, csync)
 
         @guarded("replay", case, "cuda.core Graph.launch()")
         def _core():
@@ -178,9 +194,12 @@ def replay_rows(sizes, calls, repeats, torch, cp):
                 launch(gb, LaunchConfig(grid=1, block=1), ker, np.uintp(buf.data_ptr()))
             graph = gb.end_building().complete()
             graph.upload(st)
-            record("replay", case, "cuda.core Graph.launch()",
-                   host_per_call(lambda: graph.launch(st), k, repeats, st.sync),
-                   latency(lambda: graph.launch(st), repeats, st.sync))
+            contenders.append(("cuda.core Graph.launch()", _loop(lambda: graph.launch(st)), st.sync))
+            latencies["cuda.core Graph.launch()"] = latency(lambda: graph.launch(st), repeats, st.sync)
+
+        host = interleaved_host(contenders, k, repeats)
+        for name, _, _ in contenders:
+            record("replay", case, name, host[name], latencies.get(name))
 
 
 # ---------------------------------------------------------------- 2. staging
@@ -189,6 +208,7 @@ def staging_rows(counts, calls, repeats, torch):
     sync = tp.cuda.synchronize
     for n in counts:
         case = f"{n} inputs x 4 KiB"
+        k = max(5, min(calls, 4000 // n))
         statics = [tp.zeros(1024, device="cuda") for _ in range(n)]
         inputs = [tp.ones(1024, device="cuda") for _ in range(n)]
         out = tp.zeros(1024, device="cuda")
@@ -198,16 +218,18 @@ def staging_rows(counts, calls, repeats, torch):
             for st in statics:
                 out.add_(st)
         g.stage_and_launch(statics, inputs)
-        record("staging", case, "tensorplay replay() (no inputs)", host_per_call(g.replay, calls, repeats, sync))
-        record("staging", case, "tensorplay stage_and_launch",
-               host_per_call(lambda: g.stage_and_launch(statics, inputs), calls, repeats, sync),
-               latency(lambda: g.stage_and_launch(statics, inputs), repeats, sync))
+
+        def stage():
+            g.stage_and_launch(statics, inputs)
 
         def loop():
             for a, b in zip(statics, inputs):
                 a.copy_(b)
             g.replay()
-        record("staging", case, "tensorplay copy_ loop + replay", host_per_call(loop, calls, repeats, sync))
+        contenders = [("tensorplay replay() (no inputs)", _loop(g.replay), sync),
+                      ("tensorplay stage_and_launch", _loop(stage), sync),
+                      ("tensorplay copy_ loop + replay", _loop(loop), sync)]
+        latencies = {"tensorplay stage_and_launch": latency(stage, repeats, sync)}
 
         @guarded("staging", case, "PyTorch")
         def _torch():
@@ -232,10 +254,14 @@ def staging_rows(counts, calls, repeats, torch):
             def tforeach():
                 torch._foreach_copy_(ts, ti)
                 tg.replay()
-            ts_ = torch.cuda.synchronize
-            record("staging", case, "PyTorch copy_ loop + replay", host_per_call(tloop, calls, repeats, ts_))
-            record("staging", case, "PyTorch _foreach_copy_ + replay", host_per_call(tforeach, calls, repeats, ts_),
-                   latency(tforeach, repeats, ts_))
+            tsync = torch.cuda.synchronize
+            contenders.append(("PyTorch copy_ loop + replay", _loop(tloop), tsync))
+            contenders.append(("PyTorch _foreach_copy_ + replay", _loop(tforeach), tsync))
+            latencies["PyTorch _foreach_copy_ + replay"] = latency(tforeach, repeats, tsync)
+
+        host = interleaved_host(contenders, k, repeats)
+        for name, _, _ in contenders:
+            record("staging", case, name, host[name], latencies.get(name))
 
 
 # ---------------------------------------------------------------- 3. while loop
@@ -282,6 +308,13 @@ def while_rows(iterations, repeats):
 # ---------------------------------------------------------------- 4. threads
 
 def thread_rows(thread_counts, launches):
+    """Launches per second of N threads, each replaying its own 1-node graph
+    on its own stream; the same with the C loop (GIL released for the whole
+    loop) shows what the driver itself allows."""
+    try:
+        cloop = build_cloop()
+    except Exception:
+        cloop = None
     for nt in thread_counts:
         graphs, streams = [], []
         for _ in range(nt):
@@ -293,23 +326,33 @@ def thread_rows(thread_counts, launches):
             graphs.append((g, x))
             streams.append(tp.cuda.Stream())
         tp.cuda.synchronize()
-        barrier = threading.Barrier(nt + 1)
 
-        def work(k):
+        def py_work(k):
             g, s = graphs[k][0], streams[k]
-            barrier.wait()
             for _ in range(launches):
                 g.replay(s)
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(nt)]
-        for t in threads:
-            t.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
-        tp.cuda.synchronize()
-        record("threads", f"{nt} threads", "tensorplay replay(stream)", extra=nt * launches / wall)
+
+        def c_work(k):
+            cloop.graph_launch_loop(graphs[k][0].exec_handle, streams[k].handle, launches)
+
+        for name, work in (("tensorplay replay(stream)", py_work), ("C loop cuGraphLaunch", c_work)):
+            if work is c_work and cloop is None:
+                continue
+            barrier = threading.Barrier(nt + 1)
+
+            def run(k, work=work, barrier=barrier):
+                barrier.wait()
+                work(k)
+            threads = [threading.Thread(target=run, args=(k,)) for k in range(nt)]
+            for t in threads:
+                t.start()
+            barrier.wait()
+            t0 = time.perf_counter()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            tp.cuda.synchronize()
+            record("threads", f"{nt} threads", name, extra=nt * launches / wall)
 
 
 # ---------------------------------------------------------------- 5. capture
@@ -357,14 +400,12 @@ def capture_rows(sizes, repeats, torch):
 def eager_rows(calls, repeats, torch, cp):
     x = tp.ones(256, device="cuda")
     x.add_(1)
-    record("eager", "small add_", "tensorplay", host_per_call(lambda: x.add_(1), calls, repeats,
-                                                               tp.cuda.synchronize))
+    contenders = [("tensorplay", _loop(lambda: x.add_(1)), tp.cuda.synchronize)]
 
     @guarded("eager", "small add_", "PyTorch")
     def _torch():
         tx = torch.ones(256, device="cuda")
-        record("eager", "small add_", "PyTorch", host_per_call(lambda: tx.add_(1), calls, repeats,
-                                                                torch.cuda.synchronize))
+        contenders.append(("PyTorch", _loop(lambda: tx.add_(1)), torch.cuda.synchronize))
 
     @guarded("eager", "small add_", "CuPy")
     def _cupy():
@@ -373,7 +414,11 @@ def eager_rows(calls, repeats, torch, cp):
         def add():
             cx.__iadd__(1)
         add()
-        record("eager", "small add_", "CuPy", host_per_call(add, calls, repeats, cp.cuda.Device().synchronize))
+        contenders.append(("CuPy", _loop(add), cp.cuda.Device().synchronize))
+
+    host = interleaved_host(contenders, calls, repeats)
+    for name, _, _ in contenders:
+        record("eager", "small add_", name, host[name])
 
 
 # ---------------------------------------------------------------- output
@@ -430,8 +475,8 @@ def main():
     except ImportError:
         cp = None
     quick = args.quick
-    repeats = 5 if quick else 21
-    calls = 500 if quick else 2000
+    repeats = 7 if quick else 31
+    calls = 100
     t0 = time.perf_counter()
     replay_rows([1, 10, 100] if quick else [1, 10, 100, 1000], calls, repeats, torch, cp)
     staging_rows([1, 8, 32, 128], calls, repeats, torch)

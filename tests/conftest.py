@@ -23,6 +23,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
 
 
+def pytest_terminal_summary(terminalreporter):
+    from gpu_helpers import FUZZED_CALLS
+    if FUZZED_CALLS[0]:
+        terminalreporter.write_line(f"fuzzed calls: {FUZZED_CALLS[0]}")
+
+
 def random_array(shape, dtype, rng, low=-50, high=50):
     """Random host data representable exactly enough in ``dtype``."""
     d = tp._dtypes.as_dtype(dtype)
@@ -57,9 +63,40 @@ def memory_baseline():
     gc.collect()
     tp.cuda.synchronize()
     start = tp.cuda.memory_allocated()
+    before = {id(o) for o in _live_allocations()}
 
     def check():
         gc.collect()
         tp.cuda.synchronize()
-        assert tp.cuda.memory_allocated() == start
+        now = tp.cuda.memory_allocated()
+        if now != start:
+            new = [o for o in _live_allocations() if id(o) not in before]
+            pytest.fail(f"memory_allocated {now} != {start} at the start; allocations made since "
+                        f"and alive: {[_holders(o) for o in new][:5]}")
     yield check
+
+
+def _live_allocations():
+    from tensorplay._alloc import DeviceAllocation
+    return [o for o in gc.get_objects() if type(o) is DeviceAllocation]
+
+
+def _holders(obj, depth=3, skip=()):
+    """Who keeps ``obj`` alive: a few levels of referrers, by type (diagnostics)."""
+    name = f"{type(obj).__name__}"
+    if depth == 0:
+        return name
+    out = []
+    for r in gc.get_referrers(obj):
+        if any(r is k for k in skip):
+            continue
+        if type(r).__name__ == "frame":
+            if r.f_code.co_name not in ("check", "_holders", "<listcomp>"):
+                out.append(f"frame {r.f_code.co_name}")
+            continue
+        if isinstance(r, list) and len(r) > 1000:        # gc.get_objects() and the like
+            continue
+        out.append(_holders(r, depth - 1, skip + (out,)))
+        if len(out) >= 4:
+            break
+    return {name: out}

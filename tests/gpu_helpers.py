@@ -1,7 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Small GPU utilities for tests: a kernel that keeps a stream busy."""
+"""Small test utilities: a kernel that keeps a stream busy; the fuzz counter."""
 
+import os
 import struct
+
+# TP_FUZZ_SCALE multiplies the fuzzers' example counts (the GPU run uses more).
+FUZZ_SCALE = float(os.environ.get("TP_FUZZ_SCALE", "1"))
+FUZZED_CALLS = [0]
+
+
+def count_fuzzed_call(n=1):
+    """Count fuzzed calls; conftest prints the total at the end of the run."""
+    FUZZED_CALLS[0] += n
 
 from tensorplay._ops import _kernels
 

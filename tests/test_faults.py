@@ -53,20 +53,21 @@ def _steps(x):
 @pytest.mark.parametrize("fail_at", range(10))
 def test_user_exception_at_every_point_of_a_capture(fail_at, memory_baseline):
     x = tp.ones(8, device="cuda")
-    for s in _steps(x):
-        s()                                  # warm every kernel
+    for step in _steps(x):
+        step()                               # warm every kernel
     tp.cuda.synchronize()
     g = CUDAGraph()
     with pytest.raises(Boom):
         with tp.cuda.graph(g):
-            for k, s in enumerate(_steps(x)):
+            for k, step in enumerate(_steps(x)):
                 if k == fail_at:
                     raise Boom(k)
-                s()
+                step()
     _clean()
     assert not g.is_capturing and not g.is_instantiated
+    assert g.kept_storages == 0               # reset by the failed capture
     _fresh_capture_works()
-    del x, g
+    del x, g, step                            # the step closures hold x too
     gc.collect()
     memory_baseline()
 

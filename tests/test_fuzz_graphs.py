@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import tensorplay as tp
 from tensorplay.cuda import CUDAGraph
+from gpu_helpers import FUZZ_SCALE, count_fuzzed_call
 
 pytestmark = pytest.mark.cuda
 
@@ -157,11 +158,15 @@ class GraphMachine(RuleBasedStateMachine):
 
     @invariant()
     def consistent(self):
+        count_fuzzed_call()
         assert self.g.is_capturing == (self.state == "capturing")
         if self.state != "capturing":
             assert not tp.cuda.is_current_stream_capturing()
             assert tp.cuda.current_stream().handle == 0
         assert self.g.is_instantiated == (self.state == "ready")
+        m = tp.cuda.memory_stats()
+        assert 0 <= m["allocated_bytes.all.current"] <= m["reserved_bytes.all.current"]
+        assert m["allocation.all.allocated"] - m["allocation.all.freed"] == m["active.all.current"]
 
     def teardown(self):
         self.g.reset()
@@ -169,6 +174,6 @@ class GraphMachine(RuleBasedStateMachine):
 
 
 TestGraphMachine = GraphMachine.TestCase
-TestGraphMachine.settings = settings(max_examples=int(os.environ.get("TP_FUZZ_EXAMPLES", "60")),
+TestGraphMachine.settings = settings(max_examples=int(60 * FUZZ_SCALE),
                                      stateful_step_count=40, deadline=None,
                                      suppress_health_check=list(HealthCheck))

@@ -446,3 +446,83 @@ def test_graph_keeps_the_storage_of_deleted_inputs_and_outputs_alive():
     del total, fillers
     g.reset()
     assert g.kept_storages == 0
+
+
+def _replay_fails(g, match, exc=RuntimeError, stream=None):
+    with pytest.raises(exc, match=match):
+        g.replay() if stream is None else g.replay(stream)
+
+
+def test_replay_after_reset_and_during_its_own_capture_raises():
+    x = _warm(lambda: tp.ones(4, device="cuda") + 0)
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        x.add_(1)
+        _replay_fails(g, "still open")                # and the capture goes on
+        with pytest.raises(RuntimeError, match="still open"):
+            g.stage_and_launch([x], [x])
+        x.mul_(2)
+    g.replay()
+    assert x.tolist() == [4.0] * 4
+    g.reset()
+    _replay_fails(g, "reset")
+    with pytest.raises(RuntimeError, match="reset"):
+        g.stage_and_launch([x], [x])
+    assert x.tolist() == [4.0] * 4
+
+
+def test_replay_in_a_forked_child_raises_and_the_parent_goes_on():
+    import os
+    x = _warm(lambda: tp.zeros(4, device="cuda") + 0)
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        x.add_(1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                        # child: report and leave without cleanup
+        try:
+            g.replay()
+            msg = "replayed"
+        except tp.cuda.CudaUnavailableError as exc:
+            msg = "ok " + str(exc)
+        except BaseException as exc:                    # noqa: BLE001 - any other outcome is the failure
+            msg = f"{type(exc).__name__}: {exc}"
+        os.write(write, msg.encode()[:4000])
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        msg = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert msg.startswith("ok ") and "forked" in msg, msg
+    g.replay()
+    assert x.tolist() == [1.0] * 4
+
+
+@pytest.mark.multigpu
+def test_replay_on_a_stream_of_another_device_raises():
+    x = _warm(lambda: tp.zeros(4, device="cuda:0") + 0)
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        x.add_(1)
+    other = tp.cuda.Stream(device=1)
+    _replay_fails(g, "cuda:0.*cuda:1", ValueError, stream=other)
+    g.replay()
+    assert x.tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_first_use_of_a_kernel_inside_a_capture_loads_it(mode):
+    """Compiling and loading a kernel nobody used before happens inside the
+    capture (the module load relaxes the thread's capture mode)."""
+    import time
+    k = tp.cuda.ElementwiseKernel("float32 x", "float32 y", f"y = x * 3 + {time.time_ns() % 1000}",
+                                  f"first_use_{mode}")
+    x = tp.arange(8, dtype=tp.float32, device="cuda")
+    g = CUDAGraph()
+    with tp.cuda.graph(g, capture_error_mode=mode):
+        y = k(x)
+    g.replay()
+    want = k(x).cpu().numpy()                   # the same kernel, eagerly
+    np.testing.assert_array_equal(y.cpu().numpy(), want)
+    assert want[1] == 3 + want[0]

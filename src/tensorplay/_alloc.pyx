@@ -417,12 +417,15 @@ def allocator(device=None):
     return get_allocator(_device_index(device))
 
 
+# no_gc_clear: __dealloc__ needs its allocator and pool; the collector must
+# never set them to None when the allocation is garbage inside a cycle.
+@cython.no_gc_clear
 @cython.freelist(32)
 cdef class DeviceAllocation:
     """Memory from the caching allocator; returned to its pool when this dies."""
 
     def __dealloc__(self):
-        if self.block != NULL:
+        if self.block != NULL and self.allocator is not None and self.pool is not None:
             self.allocator.free_block(self.block, self.pool, self.recorded_streams)
             self.block = NULL
             self.allocator._maybe_forget(self.pool)

@@ -92,6 +92,18 @@ cdef object g_init_error = None          # why the driver is unusable, if it is
 cdef int g_device_count = 0
 cdef cydriver.CUcontext g_primary[MAX_DEVICES]
 memset(g_primary, 0, sizeof(g_primary))
+
+
+def _forget_contexts_in_forked_child():
+    """A forked child inherits the parent's contexts, which the driver no longer
+    serves there: forget them, so the next driver call goes through
+    validate_device and raises CudaUnavailableError instead of faulting."""
+    global tls_bound_device
+    memset(g_primary, 0, sizeof(g_primary))
+    tls_bound_device = -1
+
+
+os.register_at_fork(after_in_child=_forget_contexts_in_forked_child)
 cdef object g_lock = threading.Lock()
 cdef int g_init_pid = 0
 

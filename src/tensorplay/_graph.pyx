@@ -20,7 +20,8 @@ import os
 import threading
 
 from tensorplay._alloc import allocator as _allocator, graph_pool_handle
-from tensorplay._stream import capture_side_stream, current_stream, set_stream
+from tensorplay._stream import (capture_side_stream, current_stream, release_capture_side_stream,
+                               set_stream)
 
 _live = {"graphs": 0, "execs": 0}
 
@@ -86,6 +87,9 @@ CAPTURE_MODES = {"global": CAPTURE_GLOBAL, "thread_local": CAPTURE_THREAD_LOCAL,
                  "relaxed": CAPTURE_RELAXED}
 
 
+# no_gc_clear: __dealloc__ ends an open capture and restores the stream it
+# replaced, so the collector must not set those fields to None first.
+@cython.no_gc_clear
 cdef class CUDAGraphBase:
     """The compiled half of tensorplay.cuda.graphs.CUDAGraph (see there)."""
 
@@ -98,6 +102,7 @@ cdef class CUDAGraphBase:
     cdef bint _capturing
     cdef unsigned long long _capture_id
     cdef object _capture_stream_obj
+    cdef object _reserved_side       # the side stream capture_begin reserved, until it succeeds
     cdef object _prev_stream
     cdef object _capture_thread
     cdef int _pid
@@ -134,6 +139,17 @@ cdef class CUDAGraphBase:
             self._begin_locked(pool_id, mode, stream)
 
     cdef int _begin_locked(self, long long pool_id, int mode, stream) except -1:
+        try:
+            self._begin_on(pool_id, mode, stream)
+        except BaseException:
+            if not self._capturing:
+                release_capture_side_stream(self._reserved_side)
+            self._reserved_side = None
+            raise
+        self._reserved_side = None
+        return 0
+
+    cdef int _begin_on(self, long long pool_id, int mode, stream) except -1:
         cdef Stream s
         cdef int dev
         cdef cydriver.CUstream prev
@@ -143,6 +159,7 @@ cdef class CUDAGraphBase:
             dev = get_current_device()
             validate_device(dev)
             s = capture_side_stream(dev)
+            self._reserved_side = s
         else:
             s = as_stream(stream)
             dev = s._device
@@ -185,10 +202,14 @@ cdef class CUDAGraphBase:
         begin_tracking(self)
         return 0
 
-    cdef void _discard_capture(self, cydriver.CUstream stream) noexcept:
+    cdef void _discard_capture(self, cydriver.CUstream stream, bint owns_graph=True) noexcept:
+        """End the capture on ``stream`` and drop what it made; a conditional
+        body's graph belongs to its node (owns_graph False) and dies with the
+        parent graph."""
         cdef cydriver.CUgraph g = NULL
         try:
-            if cydriver.cuStreamEndCapture(stream, &g) == cydriver.CUDA_SUCCESS and g != NULL:
+            if cydriver.cuStreamEndCapture(stream, &g) == cydriver.CUDA_SUCCESS and g != NULL \
+                    and owns_graph:
                 cydriver.cuGraphDestroy(g)
         except BaseException:
             pass
@@ -201,6 +222,7 @@ cdef class CUDAGraphBase:
             set_stream(self._prev_stream)
         self._prev_stream = None
         self._capturing = False
+        release_capture_side_stream(self._capture_stream_obj)
         return 0
 
     def _capture_end(self):
@@ -248,8 +270,9 @@ cdef class CUDAGraphBase:
         cdef Stream child
         while self._cond_stack:
             handle, kind, child, pred, parent, cid = self._cond_stack.pop()
-            self._discard_capture(child._handle)
+            self._discard_capture(child._handle, False)
             _allocator(self._device).end_allocate_to_pool(cid)
+            release_capture_side_stream(child)
         if self._capturing:
             self._discard_capture(self._capture_stream)
             self._end_routing()
@@ -324,11 +347,17 @@ cdef class CUDAGraphBase:
         body = params.conditional.phGraph_out[0]
         self._cond_nodes[<uintptr_t>node] = (kind, <uintptr_t>body, handle)
         child = capture_side_stream(self._device)
-        with nogil:
-            check(cydriver.cuStreamBeginCaptureToGraph(child._handle, body, NULL, NULL, 0,
-                                                       <cydriver.CUstreamCaptureMode>self._mode))
-            check(cydriver.cuStreamGetCaptureInfo(child._handle, &status, &child_cid, NULL, NULL, NULL, NULL))
-        _allocator(self._device).begin_allocate_to_pool(self._pool_id, child_cid)
+        try:
+            with nogil:
+                check(cydriver.cuStreamBeginCaptureToGraph(child._handle, body, NULL, NULL, 0,
+                                                           <cydriver.CUstreamCaptureMode>self._mode))
+            with nogil:
+                check(cydriver.cuStreamGetCaptureInfo(child._handle, &status, &child_cid, NULL, NULL, NULL, NULL))
+            _allocator(self._device).begin_allocate_to_pool(self._pool_id, child_cid)
+        except BaseException:
+            self._discard_capture(child._handle, False)
+            release_capture_side_stream(child)
+            raise
         self._cond_stack.append((handle, kind, child, pred, cur, child_cid))
         _keep_storage(self._keepalive_storages, pred_owner)   # replays read the predicate
         set_stream(child)
@@ -350,6 +379,7 @@ cdef class CUDAGraphBase:
         with nogil:
             r = cydriver.cuStreamEndCapture(child._handle, &g)     # g is the node's body: not ours
         _allocator(self._device).end_allocate_to_pool(cid)
+        release_capture_side_stream(child)
         set_stream(parent)
         check(r)
 
@@ -543,10 +573,9 @@ cdef class CUDAGraphBase:
         self._abort_capture()
 
     def __dealloc__(self):
-        if self._capturing:
+        if self._capturing or self._cond_stack:
             try:
-                self._discard_capture(self._capture_stream)
-                self._end_routing()
+                self._abort_capture()      # conditional bodies, the capture, routing, stream
             except BaseException:
                 pass
         self._release()

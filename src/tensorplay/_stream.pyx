@@ -40,6 +40,16 @@ cdef int _resolve_device(object device) except -1:
     return _device_index_checked(device)
 
 
+# Streams and events this module created and has not destroyed (leak checks).
+cdef Py_ssize_t _live_streams = 0
+cdef Py_ssize_t _live_events = 0
+
+
+def live_stream_and_event_counts():
+    """(streams, events) created by Stream() / Event and not yet destroyed."""
+    return _live_streams, _live_events
+
+
 cdef class Stream:
     """A CUDA stream on one device (cuStreamCreateWithPriority, non-blocking).
 
@@ -58,6 +68,7 @@ cdef class Stream:
         self._owner = None
 
     def __init__(self, device=None, int priority=0):
+        global _live_streams
         cdef int d = _resolve_device(device)
         cdef int least = 0, greatest = 0
         cdef cydriver.CUstream h = NULL
@@ -72,6 +83,7 @@ cdef class Stream:
         self._handle = h
         self._device = d
         self._owned = True
+        _live_streams += 1
 
     @staticmethod
     cdef Stream _wrap(cydriver.CUstream handle, int device, object owner):
@@ -82,10 +94,12 @@ cdef class Stream:
         return s
 
     def __dealloc__(self):
+        global _live_streams
         if self._owned and self._handle != NULL:
             try:
                 ensure_context(self._device)
-                cydriver.cuStreamDestroy(self._handle)
+                if cydriver.cuStreamDestroy(self._handle) == cydriver.CUDA_SUCCESS:
+                    _live_streams -= 1
             except BaseException:
                 pass
             self._handle = NULL
@@ -282,19 +296,23 @@ cdef class Event:
             self._flags |= cydriver.CU_EVENT_BLOCKING_SYNC
 
     def __dealloc__(self):
+        global _live_events
         if self._handle != NULL:
             try:
-                cydriver.cuEventDestroy(self._handle)
+                if cydriver.cuEventDestroy(self._handle) == cydriver.CUDA_SUCCESS:
+                    _live_events -= 1
             except BaseException:
                 pass
             self._handle = NULL
 
     cdef int _record_on(self, cydriver.CUstream stream, int device) except -1:
+        global _live_events
         if self._handle == NULL:
             with nogil:
                 ensure_context(device)
                 check(cydriver.cuEventCreate(&self._handle, self._flags))
             self._device = device
+            _live_events += 1
         elif self._device != device:
             raise ValueError(
                 f"event was created on cuda:{self._device} and cannot be recorded on a stream of cuda:{device}")
@@ -364,24 +382,40 @@ cdef class Event:
 # ------------------------------------------------------------------ capture streams
 
 cdef dict _side_streams = {}      # device -> [Stream]
+cdef set _side_in_use = set()     # handles of side streams a capture holds
+_side_lock = threading.Lock()     # threads capturing at once must get different streams
 
 
 def capture_side_stream(int device):
-    """A non-blocking stream of ``device`` not capturing now: the default
-    capture stream. Streams are created once and reused."""
+    """Reserve a non-blocking stream of ``device`` for a capture (the default
+    capture stream, and conditional bodies' streams). Streams are created once
+    and reused; give the stream back with release_capture_side_stream."""
     cdef cydriver.CUstreamCaptureStatus status
     cdef Stream s
-    pool = _side_streams.setdefault(device, [])
-    for obj in pool:
-        s = <Stream>obj
-        with nogil:
-            ensure_context(device)
-            check(cydriver.cuStreamIsCapturing(s._handle, &status))
-        if status == cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
-            return s
-    s = Stream(device)
-    pool.append(s)
-    return s
+    with _side_lock:
+        pool = _side_streams.setdefault(device, [])
+        for obj in pool:
+            s = <Stream>obj
+            if <uintptr_t>s._handle in _side_in_use:
+                continue
+            with nogil:
+                ensure_context(device)
+                check(cydriver.cuStreamIsCapturing(s._handle, &status))
+            if status == cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
+                _side_in_use.add(<uintptr_t>s._handle)
+                return s
+        s = Stream(device)
+        pool.append(s)
+        _side_in_use.add(<uintptr_t>s._handle)
+        return s
+
+
+def release_capture_side_stream(stream):
+    """End a capture's hold on a stream from capture_side_stream (any other
+    stream: nothing happens)."""
+    if isinstance(stream, Stream):
+        with _side_lock:
+            _side_in_use.discard(<uintptr_t>(<Stream>stream)._handle)
 
 
 # ------------------------------------------------------------------ current stream

@@ -17,6 +17,22 @@ from ._custom import ElementwiseKernel, RawKernel
 from .graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 
 
+def live_driver_objects(device=None):
+    """Counts of the driver objects tensorplay created and has not destroyed:
+    streams, events, graphs, executables, modules, and the allocator's pending
+    record_stream events on ``device``. For leak checks: after ``gc.collect()``
+    and ``empty_cache()`` they return to what they were before the work."""
+    from .._graph import live_graph_objects
+    from .._kernel import live_module_count
+    from .._stream import live_stream_and_event_counts
+    streams, events = live_stream_and_event_counts()
+    out = {"streams": streams, "events": events, **live_graph_objects(),
+           "modules": live_module_count()}
+    if is_available():
+        out["allocator_events"] = memory_stats(device)["pending_events"]
+    return out
+
+
 def synchronize(device=None):
     """Wait for all work on ``device`` (default: current) to finish, cuCtxSynchronize;
     device-side index errors found by kernels are raised here as IndexError."""
@@ -30,7 +46,7 @@ __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKerne
     "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "can_device_access_peer", "current_device", "current_stream", "default_stream", "device",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
-    "get_device_properties", "graph_pool_handle", "is_available", "max_memory_allocated",
+    "get_device_properties", "graph_pool_handle", "is_available", "live_driver_objects", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats",
     "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
     "unavailable_reason",

@@ -1,15 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Fuzzing the tensor front end with valid and invalid arguments (CPU: runs on CI).
+"""Fuzzing the tensor front end with valid and invalid arguments, on the CPU
+(runs on CI) and on the GPU.
 
 Every call either succeeds with a result equal to NumPy's or raises one of the
 documented exception types; nothing else (no crash, no other exception).
+TP_FUZZ_SCALE multiplies the number of examples; every call is counted.
 """
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import tensorplay as tp
+from gpu_helpers import FUZZ_SCALE, count_fuzzed_call
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 DOCUMENTED = (TypeError, ValueError, IndexError, OverflowError, RuntimeError)
 
@@ -21,28 +27,31 @@ junk = st.one_of(st.none(), st.text(max_size=3), st.floats(-1e3, 1e3),
 sizes = st.one_of(st.lists(st.integers(-2, 4), max_size=4).map(tuple), junk)
 
 
-@settings(max_examples=400, deadline=None)
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=int(400 * FUZZ_SCALE), deadline=None, suppress_health_check=list(HealthCheck))
 @given(fn=st.sampled_from(["empty", "zeros", "ones", "full", "arange", "tensor", "linspace", "eye"]),
        a=sizes, b=junk, dtype=st.one_of(st.none(), st.sampled_from(tp.ALL_DTYPES), junk))
-def test_creation_with_random_arguments(fn, a, b, dtype):
+def test_creation_with_random_arguments(device, fn, a, b, dtype):
+    count_fuzzed_call()
     try:
         if fn in ("empty", "zeros", "ones"):
-            t = getattr(tp, fn)(a, dtype=dtype)
+            t = getattr(tp, fn)(a, dtype=dtype, device=device)
             assert t.shape == tuple(a)
         elif fn == "full":
-            t = tp.full(a, b, dtype=dtype)
+            t = tp.full(a, b, dtype=dtype, device=device)
             assert t.shape == (tuple(a) if not isinstance(a, int) else (a,))
         elif fn == "arange":
-            t = tp.arange(b, dtype=dtype)
+            t = tp.arange(b, dtype=dtype, device=device)
             assert np.array_equal(t.numpy(), np.arange(b).astype(t.dtype.numpy_dtype))
         elif fn == "tensor":
-            t = tp.tensor(a if not isinstance(a, tuple) else list(a), dtype=dtype)
+            t = tp.tensor(a if not isinstance(a, tuple) else list(a), dtype=dtype, device=device)
         elif fn == "linspace":
-            t = tp.linspace(0, 1, b, dtype=dtype)
+            t = tp.linspace(0, 1, b, dtype=dtype, device=device)
             assert t.shape == (b,)
         else:
-            t = tp.eye(b, dtype=dtype)
+            t = tp.eye(b, dtype=dtype, device=device)
             assert t.shape == (b, b)
+        assert t.device.type == device
     except DOCUMENTED:
         pass
 
@@ -52,19 +61,22 @@ ops = st.sampled_from(["add", "sub", "mul", "div", "floor_divide", "remainder", 
                        "argmax", "mean", "var", "norm", "cat", "getitem", "setitem", "copy_", "view"])
 
 
-def _tensor(draw_dt, shape, seed):
+def _tensor(draw_dt, shape, seed, device="cpu"):
     rng = np.random.default_rng(seed)
     arr = rng.integers(-4, 5, size=shape).astype(draw_dt.numpy_dtype) if draw_dt.kind != "f" else \
         rng.standard_normal(shape).astype(draw_dt.numpy_dtype)
-    return tp.tensor(arr)
+    return tp.tensor(arr, device=device)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=int(600 * FUZZ_SCALE), deadline=None, suppress_health_check=list(HealthCheck))
 @given(op=ops, da=st.sampled_from(tp.ALL_DTYPES), db=st.sampled_from(tp.ALL_DTYPES),
        sa=st.lists(st.integers(0, 3), max_size=3).map(tuple), sb=st.lists(st.integers(0, 3), max_size=3).map(tuple),
-       arg=junk, seed=st.integers(0, 1000))
-def test_ops_with_random_operands(op, da, db, sa, sb, arg, seed):
-    a, b = _tensor(da, sa, seed), _tensor(db, sb, seed + 1)
+       arg=junk, seed=st.integers(0, 1000), b_on_cpu=st.booleans())
+def test_ops_with_random_operands(device, op, da, db, sa, sb, arg, seed, b_on_cpu):
+    count_fuzzed_call()
+    a = _tensor(da, sa, seed, device)
+    b = _tensor(db, sb, seed + 1, "cpu" if b_on_cpu else device)     # mixed devices too
     before = a.numpy().copy()
     try:
         if op == "where":
@@ -94,14 +106,15 @@ def test_ops_with_random_operands(op, da, db, sa, sb, arg, seed):
 
 
 class TensorMachine(RuleBasedStateMachine):
-    """Random sequences of in-place ops, views and copies on CPU tensors,
-    mirrored on NumPy arrays; the two must always agree."""
+    """Random sequences of in-place ops, views and copies on tensors of one
+    device, mirrored on NumPy arrays; the two must always agree."""
+    device = "cpu"
 
     @initialize(seed=st.integers(0, 100))
     def setup(self, seed):
         rng = np.random.default_rng(seed)
         self.ref = rng.standard_normal((4, 5)).astype(np.float32)
-        self.t = tp.tensor(self.ref)
+        self.t = tp.tensor(self.ref, device=self.device)
 
     @rule(v=st.floats(-3, 3, allow_nan=False))
     def add_scalar(self, v):
@@ -131,9 +144,17 @@ class TensorMachine(RuleBasedStateMachine):
 
     @invariant()
     def agrees(self):
+        count_fuzzed_call()
         if hasattr(self, "ref"):
             np.testing.assert_allclose(self.t.numpy(), self.ref, rtol=1e-6, atol=1e-6)
 
 
+class CudaTensorMachine(TensorMachine):
+    device = "cuda"
+
+
+_machine_settings = settings(max_examples=int(60 * FUZZ_SCALE), stateful_step_count=20, deadline=None)
 TestTensorMachine = TensorMachine.TestCase
-TestTensorMachine.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+TestTensorMachine.settings = _machine_settings
+TestCudaTensorMachine = pytest.mark.cuda(CudaTensorMachine.TestCase)
+TestCudaTensorMachine.settings = _machine_settings
