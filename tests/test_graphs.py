@@ -526,3 +526,35 @@ def test_first_use_of_a_kernel_inside_a_capture_loads_it(mode):
     want = k(x).cpu().numpy()                   # the same kernel, eagerly
     np.testing.assert_array_equal(y.cpu().numpy(), want)
     assert want[1] == 3 + want[0]
+
+
+def test_concurrent_thread_local_captures_on_default_capture_streams():
+    """Threads capturing at once each get their own side stream, and one
+    capture's upload never lands in another's capture."""
+    errors = []
+    start = threading.Barrier(3)
+
+    def capturer(k):
+        try:
+            s = tp.cuda.Stream()
+            with tp.cuda.stream(s):
+                a = tp.full((64,), float(k), device="cuda")
+                (a * 2 + 1)[0].item()
+                start.wait()
+                for i in range(100):
+                    g = CUDAGraph()
+                    with tp.cuda.graph(g, capture_error_mode="thread_local"):
+                        b = a * 2 + i
+                    g.replay()
+                    if b[0].item() != 2 * k + i:
+                        errors.append((k, i, b[0].item()))
+                    g.reset()
+        except BaseException as exc:          # noqa: BLE001 - reported below
+            errors.append((k, repr(exc)))
+
+    threads = [threading.Thread(target=capturer, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]

@@ -49,6 +49,7 @@ def test_stream_context_manager_and_set_stream_are_per_thread():
 def test_ops_are_asynchronous_on_a_non_default_current_stream():
     s = tp.cuda.Stream()
     x = tp.zeros(1 << 20, device="cuda")
+    x.fill_(1.0)                           # the fill kernel compiled and loaded beforehand
     tp.cuda.synchronize()
     with tp.cuda.stream(s):
         spin(s, 400_000_000)

@@ -214,15 +214,18 @@ cdef class CUDAGraphBase:
         except BaseException:
             pass
 
-    cdef int _end_routing(self) except -1:
-        """Stop routing allocations and tracking storages; restore the current stream."""
+    cdef int _end_routing(self, bint release_stream=True) except -1:
+        """Stop routing allocations and tracking storages; restore the current
+        stream; give a reserved side stream back unless the caller still
+        queues work on it (capture_end uploads there first)."""
         end_tracking()
         _allocator(self._device).end_allocate_to_pool(self._capture_id)
         if self._prev_stream is not None:
             set_stream(self._prev_stream)
         self._prev_stream = None
         self._capturing = False
-        release_capture_side_stream(self._capture_stream_obj)
+        if release_stream:
+            release_capture_side_stream(self._capture_stream_obj)
         return 0
 
     def _capture_end(self):
@@ -245,24 +248,28 @@ cdef class CUDAGraphBase:
                                "(a stream set inside the capture was not restored)")
         with nogil:
             r = cydriver.cuStreamEndCapture(self._capture_stream, &g)
-        self._end_routing()
-        if r != cydriver.CUDA_SUCCESS:
-            if g != NULL:
-                cydriver.cuGraphDestroy(g)
-            self._release()
-            check(r)
-        self._graph = g
-        _live["graphs"] += 1
+        self._end_routing(False)
         try:
-            with nogil:
-                check(cydriver.cuGraphGetNodes(g, NULL, &n))
-                check(cydriver.cuGraphInstantiate(&self._exec, g, 0))
-            _live["execs"] += 1
-            with nogil:
-                check(cydriver.cuGraphUpload(self._exec, self._capture_stream))
-        except BaseException:
-            self._release()
-            raise
+            if r != cydriver.CUDA_SUCCESS:
+                if g != NULL:
+                    cydriver.cuGraphDestroy(g)
+                self._release()
+                check(r)
+            self._graph = g
+            _live["graphs"] += 1
+            try:
+                with nogil:
+                    check(cydriver.cuGraphGetNodes(g, NULL, &n))
+                    check(cydriver.cuGraphInstantiate(&self._exec, g, 0))
+                _live["execs"] += 1
+                with nogil:
+                    check(cydriver.cuGraphUpload(self._exec, self._capture_stream))
+            except BaseException:
+                self._release()
+                raise
+        finally:
+            # only now may another capture take the stream: the upload was queued on it
+            release_capture_side_stream(self._capture_stream_obj)
         self.num_nodes = n
 
     def _abort_capture(self):
