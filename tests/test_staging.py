@@ -163,3 +163,25 @@ def test_make_graphed_callables_share_a_pool(rng):
         np.testing.assert_allclose(y.numpy(), f2(f1(x)).numpy(), rtol=1e-5, atol=1e-5)
     single = tp.cuda.make_graphed_callables(f1, (x,))
     np.testing.assert_allclose(single(x).numpy(), f1(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_one_launch_staging_keeps_replay_and_describe_as_captured(rng):
+    """The staged executable (copy node + graph) is separate: replay() never
+    copies, describe() shows only captured work, table sizes can change, and
+    reset() destroys what staging built."""
+    from tensorplay._graph import live_graph_objects
+    base = live_graph_objects()
+    statics = [tp.zeros(256, device="cuda") for _ in range(20)]
+    g, out = _graph_sum(statics)
+    nodes = len(g.describe()["nodes"])
+    for n in (1, 20, 3, 20):                  # capacities 8, 32, 8, 32: the staged node is rebuilt
+        data = [rng.standard_normal(256).astype(np.float32) for _ in range(n)]
+        g.stage_and_launch(statics[:n], [tp.tensor(d, device="cuda") for d in data])
+        want = np.sum(data, axis=0) + sum(s.numpy() for s in statics[n:])
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+    before = [s.numpy().copy() for s in statics]
+    g.replay()                                 # the captured graph alone: no copies
+    assert all(np.array_equal(s.numpy(), b) for s, b in zip(statics, before))
+    assert len(g.describe()["nodes"]) == nodes
+    g.reset()
+    assert live_graph_objects() == base

@@ -113,6 +113,13 @@ cdef class CUDAGraphBase:
     cdef dict _cond_nodes           # conditional node -> (kind, body graph, handle), for describe()
     cdef dict _keepalive_storages   # id -> storage of every tensor the captured work uses
     cdef int _mode
+    # stage_and_launch's one-launch path: a second executable of the graph with
+    # the multi-tensor copy kernel node in front of every root; each call sets
+    # that node's parameters (the table) and launches once
+    cdef cydriver.CUgraphExec _staged_exec
+    cdef cydriver.CUgraphNode _staged_node
+    cdef Py_ssize_t _staged_cap      # table capacity of the staged kernel (0: none)
+    cdef bint _staged_unavailable    # building it failed once: two launches from then on
     cdef object __weakref__
 
     def __cinit__(self, *args, **kwargs):
@@ -125,6 +132,10 @@ cdef class CUDAGraphBase:
         self._cond_stack = []
         self._cond_nodes = {}
         self._keepalive_storages = {}
+        self._staged_exec = NULL
+        self._staged_node = NULL
+        self._staged_cap = 0
+        self._staged_unavailable = False
 
     # ------------------------------------------------------------ capture
 
@@ -429,7 +440,6 @@ cdef class CUDAGraphBase:
         cdef cydriver.CUstream stream
         cdef Function fn
         cdef unsigned long long table[1 + 3 * 128]
-        cdef unsigned long long maxbytes = 0
         cdef unsigned int gx, gy
         if self._exec == NULL:
             self._replay_error()
@@ -480,28 +490,16 @@ cdef class CUDAGraphBase:
                 static_inputs[k].copy_(inputs[k])
         stream = current_stream_handle(self._device)
         nfast = len(fast_pairs)
+        if 0 < nfast <= 128 and not self._staged_unavailable:
+            fn, cap = self._stage_fn_for(nfast)
+            gx = self._fill_table(table, fast_pairs, cap)
+            if self._launch_staged(fn, cap, gx, <unsigned int>nfast, table, stream):
+                return
         pos = 0
-        while pos < nfast:
+        while pos < nfast:             # more than 128 pairs, or no staged executable
             chunk = fast_pairs[pos:pos + 128]
-            fn = None
-            for cap_obj, f_obj in self._stage_fns:
-                if cap_obj >= len(chunk):
-                    cap = cap_obj
-                    fn = <Function>f_obj
-                    break
-            table[0] = len(chunk)
-            maxbytes = 0
-            for k in range(len(chunk)):
-                table[1 + 3 * k] = chunk[k][0]
-                table[2 + 3 * k] = chunk[k][1]
-                table[3 + 3 * k] = chunk[k][2]
-                if <unsigned long long>chunk[k][2] > maxbytes:
-                    maxbytes = chunk[k][2]
-            for k in range(len(chunk), cap):
-                table[1 + 3 * k] = 0
-                table[2 + 3 * k] = 0
-                table[3 + 3 * k] = 0
-            gx = <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
+            fn, cap = self._stage_fn_for(len(chunk))
+            gx = self._fill_table(table, chunk, cap)
             gy = <unsigned int>len(chunk)
             with nogil:
                 fn.c_launch(gx, gy, 1, 256, 1, 1, 0, stream,
@@ -511,6 +509,117 @@ cdef class CUDAGraphBase:
             ensure_context(self._device)
             check(cydriver.cuGraphLaunch(self._exec, stream))
 
+    cdef tuple _stage_fn_for(self, Py_ssize_t n):
+        for cap_obj, f_obj in self._stage_fns:
+            if cap_obj >= n:
+                return f_obj, cap_obj
+        raise RuntimeError("internal: no multi-copy kernel holds the table")
+
+    cdef unsigned int _fill_table(self, unsigned long long* table, list pairs, Py_ssize_t cap):
+        """Write (src, dst, nbytes) triples after the count; returns the grid's x size."""
+        cdef Py_ssize_t k, n = len(pairs)
+        cdef unsigned long long maxbytes = 0, nb
+        table[0] = n
+        for k in range(n):
+            src_ptr, dst_ptr, nbytes = pairs[k]
+            nb = nbytes
+            table[1 + 3 * k] = src_ptr
+            table[2 + 3 * k] = dst_ptr
+            table[3 + 3 * k] = nb
+            if nb > maxbytes:
+                maxbytes = nb
+        for k in range(n, cap):
+            table[1 + 3 * k] = 0
+            table[2 + 3 * k] = 0
+            table[3 + 3 * k] = 0
+        return <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
+
+    cdef bint _launch_staged(self, Function fn, Py_ssize_t cap, unsigned int gx, unsigned int gy,
+                             unsigned long long* table, cydriver.CUstream stream) except -1:
+        """Set the staged copy node's table and launch the staged executable:
+        one driver launch. False when this graph cannot have one (then the
+        caller launches the copy and the graph separately)."""
+        cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
+        cdef size_t size = sizeof(unsigned long long) * (1 + 3 * cap)
+        cdef void* extra[5]
+        extra[0] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_POINTER
+        extra[1] = <void*>table
+        extra[2] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_SIZE
+        extra[3] = <void*>&size
+        extra[4] = <void*>cydriver.CU_LAUNCH_PARAM_END
+        memset(&kp, 0, sizeof(kp))
+        kp.func = fn._handle
+        kp.gridDimX = gx
+        kp.gridDimY = gy
+        kp.gridDimZ = 1
+        kp.blockDimX = 256
+        kp.blockDimY = 1
+        kp.blockDimZ = 1
+        kp.extra = extra
+        if self._staged_cap != cap:
+            if not self._build_staged(&kp, cap, stream):
+                return False
+        else:
+            with nogil:
+                ensure_context(self._device)
+                check(cydriver.cuGraphExecKernelNodeSetParams(self._staged_exec, self._staged_node, &kp))
+        with nogil:
+            check(cydriver.cuGraphLaunch(self._staged_exec, stream))
+        return True
+
+    cdef bint _build_staged(self, cydriver.CUDA_KERNEL_NODE_PARAMS* kp, Py_ssize_t cap,
+                            cydriver.CUstream stream) except -1:
+        """Add the copy node in front of every root of the captured graph and
+        instantiate that (the main executable stays as captured)."""
+        cdef cydriver.CUgraphNode node = NULL
+        cdef size_t nroots = 0, i
+        cdef vector[cydriver.CUgraphNode] roots
+        cdef vector[cydriver.CUgraphNode] froms
+        cdef cydriver.CUresult r
+        self._drop_staged()
+        ensure_context(self._device)
+        r = cydriver.cuGraphGetRootNodes(self._graph, NULL, &nroots)
+        if r == cydriver.CUDA_SUCCESS:
+            roots.resize(nroots if nroots else 1)
+            r = cydriver.cuGraphGetRootNodes(self._graph, roots.data(), &nroots)
+        if r == cydriver.CUDA_SUCCESS:
+            r = cydriver.cuGraphAddKernelNode(&node, self._graph, NULL, 0, kp)
+        if r == cydriver.CUDA_SUCCESS and nroots:
+            froms.assign(nroots, node)
+            r = cydriver.cuGraphAddDependencies(self._graph, froms.data(), roots.data(), NULL, nroots)
+        if r == cydriver.CUDA_SUCCESS:
+            self._staged_node = node
+            r = cydriver.cuGraphInstantiate(&self._staged_exec, self._graph, 0)
+        if r == cydriver.CUDA_SUCCESS:
+            _live["execs"] += 1
+            r = cydriver.cuGraphUpload(self._staged_exec, stream)
+        if r != cydriver.CUDA_SUCCESS:
+            # e.g. a graph kind the driver cannot extend: stage with two launches
+            if node != NULL and self._staged_node == NULL:
+                cydriver.cuGraphDestroyNode(node)
+            self._drop_staged()
+            self._staged_unavailable = True
+            return False
+        self._staged_cap = cap
+        return True
+
+    cdef void _drop_staged(self) noexcept:
+        if self._staged_exec == NULL and self._staged_node == NULL:
+            return
+        try:
+            ensure_context(self._device)
+        except BaseException:          # no usable context (forked child): nothing to destroy with
+            return
+        if self._staged_exec != NULL:
+            if cydriver.cuGraphExecDestroy(self._staged_exec) == cydriver.CUDA_SUCCESS:
+                _live["execs"] -= 1
+            self._staged_exec = NULL
+        if self._staged_node != NULL:
+            if self._graph != NULL:
+                cydriver.cuGraphDestroyNode(self._staged_node)
+            self._staged_node = NULL
+        self._staged_cap = 0
+
     # ------------------------------------------------------------ introspection
 
     def _describe(self, bint detailed):
@@ -518,7 +627,7 @@ cdef class CUDAGraphBase:
         if self._graph == NULL:
             raise RuntimeError("describe: nothing captured (capture first; a reset graph has no nodes)")
         ensure_context(self._device)
-        return _describe_graph(self._graph, detailed, self._cond_nodes)
+        return _describe_graph(self._graph, detailed, self._cond_nodes, <uintptr_t>self._staged_node)
 
     # ------------------------------------------------------------ replay
 
@@ -551,6 +660,8 @@ cdef class CUDAGraphBase:
     # ------------------------------------------------------------ lifetime
 
     cdef void _release(self) noexcept:
+        self._drop_staged()
+        self._staged_unavailable = False
         if self._exec != NULL:
             try:
                 ensure_context(self._device)
@@ -634,7 +745,7 @@ _MEMTYPES = {cydriver.CU_MEMORYTYPE_HOST: "host", cydriver.CU_MEMORYTYPE_DEVICE:
              cydriver.CU_MEMORYTYPE_ARRAY: "array", cydriver.CU_MEMORYTYPE_UNIFIED: "unified"}
 
 
-cdef dict _describe_graph(cydriver.CUgraph g, bint detailed, dict cond):
+cdef dict _describe_graph(cydriver.CUgraph g, bint detailed, dict cond, uintptr_t hidden=0):
     """Nodes (kind, kernel name, attributes, conditional bodies) and edges of
     ``g``, read with cuGraphGetNodes / cuGraphNodeGetType / cuGraphGetEdges and
     the node-params getters."""
@@ -652,6 +763,11 @@ cdef dict _describe_graph(cydriver.CUgraph g, bint detailed, dict cond):
     nodes.resize(n if n else 1)
     if n:
         check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
+    for i in range(n):
+        if hidden and <uintptr_t>nodes[i] == hidden:    # stage_and_launch's node is not captured work
+            nodes.erase(nodes.begin() + i)
+            n -= 1
+            break
     index = {}
     out = []
     for i in range(n):
