@@ -3,7 +3,8 @@
 # The reliability run of docs/reliability.md, on a GPU machine with the project
 # built and importable (e.g. under .device/gpu.sh). Logs go to $OUT.
 #   STEPS="tests soak memcheck racecheck" FUZZ_SCALE=3 bash scripts/gpu_reliability.sh
-# SKIP_FILES="test_ops_codegen.py ..." leaves files out (they also run on CI).
+# SKIP_FILES="test_ops_codegen.py ..." leaves files out (they also run on CI);
+# SANITIZE_FILES="tests/..." picks the files the sanitizers run.
 set -u
 OUT=${OUT:-/tmp/tp_reliability}
 STEPS=${STEPS:-"tests soak memcheck racecheck"}
@@ -29,7 +30,7 @@ for step in $STEPS; do
     memcheck|racecheck)
       # api errors off: the tests provoke driver errors on purpose; memory and race reports stay on
       timeout 240 compute-sanitizer --tool "$step" --error-exitcode 9 --report-api-errors no \
-        pytest tests/test_graphs.py tests/test_conditional.py tests/test_staging.py tests/test_ops_cuda.py \
+        pytest ${SANITIZE_FILES:-tests/test_graphs.py tests/test_conditional.py tests/test_staging.py tests/test_ops_cuda.py} \
         -q -p no:cacheprovider -k "not fork and not thread" ${SANITIZE_K:+-k "$SANITIZE_K"} > "$OUT/$step.log" 2>&1
       echo "$step rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$step.log" | tail -1) $(grep -E 'passed|failed' "$OUT/$step.log" | tail -1)" ;;
   esac
