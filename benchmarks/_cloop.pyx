@@ -17,3 +17,12 @@ def graph_launch_loop(uintptr_t graph_exec, uintptr_t stream, int n):
             if r != cydriver.CUDA_SUCCESS:
                 break
     return <int>r
+
+
+def graph_launch_once(uintptr_t graph_exec, uintptr_t stream):
+    """One cuGraphLaunch from a plain Cython def with the GIL released: the
+    floor for any launch called from Python (call + GIL release + driver)."""
+    cdef cydriver.CUresult r
+    with nogil:
+        r = cydriver.cuGraphLaunch(<cydriver.CUgraphExec>graph_exec, <cydriver.CUstream>stream)
+    return <int>r

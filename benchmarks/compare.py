@@ -144,6 +144,9 @@ def replay_rows(sizes, calls, repeats, torch, cp):
                                lambda k: cloop.graph_launch_loop(handle, cur, k), sync))
             contenders.append(("C loop cuGraphLaunch, same stream as replay(stream)",
                                lambda k: cloop.graph_launch_loop(handle, sh, k), sync))
+            once = cloop.graph_launch_once
+            contenders.append(("bare Cython def, nogil cuGraphLaunch, same stream",
+                               _loop(lambda: once(handle, sh)), sync))
 
         @guarded("replay", case, "PyTorch CUDAGraph.replay()")
         def _torch():
@@ -424,12 +427,12 @@ def eager_rows(calls, repeats, torch, cp):
 # ---------------------------------------------------------------- output
 
 def print_table():
-    print(f"{'section':<9} {'case':<20} {'library':<38} {'host us':>10} {'latency us':>11}  note")
+    print(f"{'section':<9} {'case':<20} {'library':<52} {'host us':>10} {'latency us':>11}  note")
     for r in RESULTS:
         h = f"{r['host_us']:.2f}" if r["host_us"] is not None else "-"
         lat = f"{r['latency_us']:.1f}" if r["latency_us"] is not None else "-"
         note = r["error"] or (f"{r['extra']:.0f} launches/s" if r["extra"] else "")
-        print(f"{r['section']:<9} {r['case']:<20} {r['library']:<38} {h:>10} {lat:>11}  {note}")
+        print(f"{r['section']:<9} {r['case']:<20} {r['library']:<52} {h:>10} {lat:>11}  {note}")
 
 
 def write_chart(path):
