@@ -8,6 +8,7 @@ Run from anywhere but the repository root:  python examples/interop.py
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import numpy as np
@@ -25,7 +26,7 @@ def main() -> int:
         return 0
     x = tp.arange(8, dtype=tp.float32, device="cuda")
     try:
-        import torch
+        torch = importlib.import_module("torch")       # optional: typed as Any here
     except ImportError:
         print("PyTorch not installed: skipping the PyTorch part")
     else:
@@ -46,7 +47,7 @@ def main() -> int:
         g.replay()
         print("graph over PyTorch memory:", total.item(), "(expect 48.0)")
     try:
-        import cupy as cp
+        cp = importlib.import_module("cupy")
     except ImportError:
         print("CuPy not installed: skipping the CuPy part")
     else:

@@ -4,6 +4,8 @@
 Run from anywhere but the repository root:  python examples/quickstart.py
 """
 
+from __future__ import annotations
+
 import sys
 import time
 
@@ -12,7 +14,7 @@ import numpy as np
 import tensorplay as tp
 
 
-def main():
+def main() -> int:
     if not tp.cuda.is_available():
         print(f"No CUDA GPU here ({tp.cuda.unavailable_reason()}); nothing to capture.")
         print("CPU tensors still work:", (tp.arange(5) * 2).tolist())
@@ -22,7 +24,7 @@ def main():
     w = tp.tensor(rng.standard_normal((256, 256)).astype(np.float32) / 16, device="cuda")
     x = tp.zeros(256, device="cuda")              # the graph's static input
 
-    def step(x):
+    def step(x: tp.Tensor) -> tp.Tensor:
         h = x
         for _ in range(8):                        # 8 small layers: many tiny kernels
             h = (w @ h).tanh() + 0.5 * h

@@ -52,8 +52,15 @@ def main() -> int:
     print("cudagraphify matches eager:", ok, f"({layer.num_captures} capture)")
 
     n = 500
-    for name, run in (("copy_ + copy_ + replay", lambda: (a_static.copy_(a), b_static.copy_(b), g.replay())),
-                      ("stage_and_launch", lambda: g.stage_and_launch([a_static, b_static], [a, b]))):
+    def copies_then_replay() -> None:
+        a_static.copy_(a)
+        b_static.copy_(b)
+        g.replay()
+
+    def staged() -> None:
+        g.stage_and_launch([a_static, b_static], [a, b])
+
+    for name, run in (("copy_ + copy_ + replay", copies_then_replay), ("stage_and_launch", staged)):
         run()
         tp.cuda.synchronize()
         t0 = time.perf_counter()

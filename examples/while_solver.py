@@ -7,24 +7,27 @@ host version reads the residual back after every iteration to decide.
 Run from anywhere but the repository root:  python examples/while_solver.py
 """
 
+from __future__ import annotations
+
 import sys
 import time
 
 import numpy as np
+import numpy.typing as npt
 
 import tensorplay as tp
 
 N, TOL, MAX_ITERS = 512, 1e-5, 10_000
 
 
-def make_system(rng):
+def make_system(rng: np.random.Generator) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     a = rng.uniform(-1, 1, (N, N)).astype(np.float32)
     a += np.diag(np.abs(a).sum(1) + 1.0).astype(np.float32)      # strictly diagonally dominant
     b = rng.uniform(-1, 1, N).astype(np.float32)
     return a, b
 
 
-def main():
+def main() -> int:
     if not tp.cuda.is_available():
         print(f"No CUDA GPU here ({tp.cuda.unavailable_reason()}); this example needs one.")
         return 0
@@ -39,12 +42,12 @@ def main():
     iters = tp.zeros((), dtype=tp.int32, device="cuda")
     go = tp.zeros((), dtype=tp.bool, device="cuda")
 
-    def iterate():
+    def iterate() -> None:
         x.copy_((b - R @ x) / d)
         res.copy_((A @ x - b).norm())
         iters.add_(1)
 
-    def keep_going():
+    def keep_going() -> None:
         tp.logical_and(res > TOL, iters < MAX_ITERS, out=go)
 
     # warm up: compile and load every kernel once
@@ -63,11 +66,11 @@ def main():
         keep_going()
         g.end_capture_to_conditional_node()
 
-    def solve_graph():
+    def solve_graph() -> int:
         g.replay()
-        return iters.item()
+        return int(iters.item())
 
-    def solve_host():
+    def solve_host() -> int:
         x.zero_()
         iters.zero_()
         n = 0

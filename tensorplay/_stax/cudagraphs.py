@@ -17,6 +17,8 @@ same signature overwrites them. Pass ``clone_outputs=True`` to get copies.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any, overload
 
 from .._tensor_api import Tensor
 from ..cuda.graphs import capture_callable, graph_pool_handle
@@ -29,7 +31,8 @@ class CUDAGraphified:
     dtypes, devices, strides of tensor arguments; values of other arguments).
     Graphs of one wrapper share a memory pool."""
 
-    def __init__(self, fn, *, warmup=2, pool=None, capture_error_mode="thread_local", clone_outputs=False):
+    def __init__(self, fn: Callable[..., Any], *, warmup: int = 2, pool: Any = None,
+                 capture_error_mode: str = "thread_local", clone_outputs: bool = False) -> None:
         if not callable(fn):
             raise TypeError(f"cudagraphify expects a callable, got {type(fn).__name__}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -39,12 +42,12 @@ class CUDAGraphified:
         self.capture_error_mode = capture_error_mode
         self.clone_outputs = clone_outputs
         self._pool = pool
-        self._entries = {}
+        self._entries: dict[tuple[Any, ...], tuple[Any, list[Tensor], Any]] = {}
         self.num_captures = 0
         functools.update_wrapper(self, fn)
 
-    def _signature(self, args, kwargs):
-        key = []
+    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        key: list[Any] = []
         for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
             if isinstance(a, Tensor):
                 if not a.is_cuda:
@@ -59,7 +62,7 @@ class CUDAGraphified:
                 key.append(("V", type(a), a))
         return tuple(key) + (tuple(sorted(kwargs)),)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = self._signature(args, kwargs)
         entry = self._entries.get(key)
         tensors = [a for a in list(args) + [kwargs[k] for k in sorted(kwargs)] if isinstance(a, Tensor)]
@@ -72,7 +75,7 @@ class CUDAGraphified:
             return outputs.clone() if isinstance(outputs, Tensor) else type(outputs)(o.clone() for o in outputs)
         return outputs
 
-    def _capture(self, args, kwargs):
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Tensor], Any]:
         if self._pool is None:
             self._pool = graph_pool_handle()
         names = sorted(kwargs)
@@ -81,7 +84,7 @@ class CUDAGraphified:
         static_args = static_flat[:len(args)]
         static_kwargs = dict(zip(names, static_flat[len(args):]))
 
-        def run(*_):
+        def run(*_: Any) -> Any:
             return self.fn(*static_args, **static_kwargs)
         g, outputs = capture_callable(run, (), warmup=self.warmup, pool=self._pool,
                                       capture_error_mode=self.capture_error_mode,
@@ -89,17 +92,28 @@ class CUDAGraphified:
         self.num_captures += 1
         return g, [a for a in static_flat if isinstance(a, Tensor)], outputs
 
-    def reset(self):
+    def reset(self) -> None:
         """Free every captured graph (their pool memory returns once outputs die)."""
         for g, _, _ in self._entries.values():
             g.reset()
         self._entries.clear()
 
 
-def cudagraphify(fn=None, *, warmup=2, pool=None, capture_error_mode="thread_local", clone_outputs=False):
+@overload
+def cudagraphify(fn: Callable[..., Any], *, warmup: int = 2, pool: Any = None,
+                 capture_error_mode: str = "thread_local", clone_outputs: bool = False) -> CUDAGraphified: ...
+@overload
+def cudagraphify(fn: None = None, *, warmup: int = 2, pool: Any = None,
+                 capture_error_mode: str = "thread_local",
+                 clone_outputs: bool = False) -> Callable[[Callable[..., Any]], CUDAGraphified]: ...
+
+
+def cudagraphify(fn: Callable[..., Any] | None = None, *, warmup: int = 2, pool: Any = None,
+                 capture_error_mode: str = "thread_local",
+                 clone_outputs: bool = False) -> CUDAGraphified | Callable[[Callable[..., Any]], CUDAGraphified]:
     """Make ``fn`` graph-backed; usable as ``cudagraphify(fn)`` or as a decorator
     (``@cudagraphify`` or ``@cudagraphify(warmup=3)``)."""
-    def wrap(f):
+    def wrap(f: Callable[..., Any]) -> CUDAGraphified:
         return CUDAGraphified(f, warmup=warmup, pool=pool, capture_error_mode=capture_error_mode,
                               clone_outputs=clone_outputs)
     return wrap if fn is None else wrap(fn)

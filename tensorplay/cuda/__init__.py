@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
                       memory_allocated, memory_reserved, memory_stats, reset_peak_memory_stats)
 from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_device_access_peer,
@@ -17,7 +19,7 @@ from ._custom import ElementwiseKernel, RawKernel
 from .graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 
 
-def live_driver_objects(device=None):
+def live_driver_objects(device: Any = None) -> dict[str, int]:
     """Counts of the driver objects tensorplay created and has not destroyed:
     streams, events, graphs, executables, modules, and the allocator's pending
     record_stream events on ``device``. For leak checks: after ``gc.collect()``
@@ -33,7 +35,7 @@ def live_driver_objects(device=None):
     return out
 
 
-def synchronize(device=None):
+def synchronize(device: Any = None) -> None:  # type: ignore[no-redef]
     """Wait for all work on ``device`` (default: current) to finish, cuCtxSynchronize;
     device-side index errors found by kernels are raised here as IndexError."""
     from .._cuda import synchronize as _sync
@@ -57,7 +59,7 @@ class device:
     """Context manager: make ``device`` this thread's current CUDA device, and
     restore the previous one on exit. ``None`` or a CPU device does nothing."""
 
-    def __init__(self, device):
+    def __init__(self, device: Any) -> None:
         self._index = None
         if device is None or (isinstance(device, str) and device == "cpu") or \
                 getattr(device, "type", None) == "cpu":
@@ -65,13 +67,13 @@ class device:
         self._index = _device_index(device)
         self._prev = None
 
-    def __enter__(self):
+    def __enter__(self) -> device:
         if self._index is not None:
             self._prev = current_device()
             set_device(self._index)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self._index is not None:
             set_device(self._prev)
         return False

@@ -6,6 +6,9 @@ on the current stream, so they can be captured in graphs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numbers
 import re
 import struct
@@ -130,7 +133,7 @@ class RawKernel:
     signature (or by their own type when it can't be read).
     """
 
-    def __init__(self, source, name, options=()):
+    def __init__(self, source: str, name: str, options: Sequence[str] = ()) -> None:
         if not isinstance(source, str) or not isinstance(name, str):
             raise TypeError("RawKernel(source: str, name: str, options=())")
         if isinstance(options, str):
@@ -147,11 +150,12 @@ class RawKernel:
             f = self._functions[device] = _kernels.load_function(self.source, self.name, device, self.options)
         return f
 
-    def compile(self, device=None):
+    def compile(self, device: Any = None) -> Any:
         """Compile and load now (otherwise the first call does)."""
         return self._function(_resolve_device("cuda" if device is None else device))
 
-    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+    def __call__(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], args: Sequence[Any],
+                 shared_mem: int = 0, stream: Any = None) -> None:
         if not isinstance(args, (tuple, list)):
             raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
         if self._codes is not None and len(args) != len(self._codes):
@@ -175,7 +179,7 @@ class RawKernel:
         f.launch(grid, block, params, shared_mem, handle)
 
     @property
-    def attributes(self):
+    def attributes(self) -> dict[str, int]:
         f = self._function(current_device())
         return {k: f.attribute(k) for k in ("num_regs", "max_threads_per_block", "shared_size_bytes",
                                             "local_size_bytes")}
@@ -214,7 +218,8 @@ class ElementwiseKernel:
     arguments; ``i`` is the element's linear index.
     """
 
-    def __init__(self, in_params, out_params, operation, name="elementwise_kernel", preamble=""):
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str = "elementwise_kernel",
+                 preamble: str = "") -> None:
         self.in_params = _parse_params(in_params, "input")
         self.out_params = _parse_params(out_params, "output")
         if not self.out_params:
@@ -230,7 +235,7 @@ class ElementwiseKernel:
         self.name = name
         self.preamble = preamble
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         n_in, n_out = len(self.in_params), len(self.out_params)
         if len(args) not in (n_in, n_in + n_out):
             raise TypeError(f"{self.name} takes {n_in} inputs (and optionally {n_out} outputs), got {len(args)}")

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Union
 
 from .._alloc import graph_pool_handle
 from .._cuda import current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
 from .._stream import current_stream
 
+if TYPE_CHECKING:
+    from .. import Tensor
+    from .._stream import Stream
+
+PoolLike = Union["CUDAGraph", int, None]
+Outputs = Union["Tensor", "tuple[Tensor, ...]", "list[Tensor]"]
+
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables"]
 
 
-def _pool_id_of(pool):
+def _pool_id_of(pool: PoolLike) -> int:
     if pool is None:
         return graph_pool_handle()
     if isinstance(pool, CUDAGraph):
@@ -37,7 +47,7 @@ def _pool_id_of(pool):
     return int(pool)
 
 
-def _mode_of(capture_error_mode):
+def _mode_of(capture_error_mode: str) -> int:
     try:
         return CAPTURE_MODES[capture_error_mode]
     except (KeyError, TypeError):
@@ -55,7 +65,8 @@ class CUDAGraph(CUDAGraphBase):
     the tensors used at capture time.
     """
 
-    def capture_begin(self, pool=None, capture_error_mode="global", stream=None):
+    def capture_begin(self, pool: PoolLike = None, capture_error_mode: str = "global",
+                      stream: Any = None) -> None:
         """Begin capturing work queued on the current thread's streams.
 
         Parameters
@@ -79,7 +90,7 @@ class CUDAGraph(CUDAGraphBase):
         mode = _mode_of(capture_error_mode)
         self._capture_begin(pool_id, mode, stream)
 
-    def capture_end(self):
+    def capture_end(self) -> None:
         """End the capture and build the executable now (cuGraphInstantiate
         and cuGraphUpload), so the first replay costs nothing extra.
 
@@ -93,7 +104,7 @@ class CUDAGraph(CUDAGraphBase):
             warnings.warn("the captured CUDA graph is empty: no GPU work was queued on the capture "
                           "stream", UserWarning, stacklevel=2)
 
-    def instantiate(self):
+    def instantiate(self) -> None:
         """Build the executable; a no-op once built (capture_end already does it)."""
         if self.is_instantiated:
             return
@@ -101,7 +112,7 @@ class CUDAGraph(CUDAGraphBase):
             raise RuntimeError("instantiate: the capture is still open; call capture_end()")
         raise RuntimeError("instantiate: nothing captured (or the graph was reset)")
 
-    def reset(self):
+    def reset(self) -> None:
         """Destroy the executable and release the graph's hold on its memory pool.
 
         Tensors allocated during the capture should be released first; those
@@ -112,17 +123,17 @@ class CUDAGraph(CUDAGraphBase):
         self._reset()
 
     @property
-    def pool_id(self):
+    def pool_id(self) -> int | None:
         """The allocator pool this graph captured into (None before a capture)."""
         return self._pool_id_
 
     # ------------------------------------------------------------ introspection
 
-    def enable_debug_mode(self):
+    def enable_debug_mode(self) -> None:
         """Keep full node attributes for :meth:`debug_dump` (call before capturing)."""
         self._debug_mode = True
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         """The captured graph as plain data::
 
             {"nodes": [{"id": int, "kind": "kernel" | "memcpy" | "memset" | "event_record" |
@@ -139,7 +150,7 @@ class CUDAGraph(CUDAGraphBase):
         """
         return self._describe(getattr(self, "_debug_mode", False))
 
-    def debug_dump(self, path):
+    def debug_dump(self, path: str) -> str:
         """Write a DOT picture of the captured graph to ``path``; with a ``.svg``
         or ``.png`` name and Graphviz's ``dot`` installed, render it (otherwise
         DOT is written next to it, and the message says how to render it).
@@ -202,7 +213,7 @@ class CUDAGraph(CUDAGraphBase):
         self._set_conditional_kernel(_set_conditional_function(self.device_index))
         return scalar_pred
 
-    def begin_capture_to_if_node(self, scalar_pred):
+    def begin_capture_to_if_node(self, scalar_pred: Tensor) -> None:
         """Capture the following work into the body of an IF node: at replay
         the body runs only when ``scalar_pred`` (a one-element CUDA bool
         tensor, read on the device when the node is reached) is true. Close
@@ -210,7 +221,7 @@ class CUDAGraph(CUDAGraphBase):
         p = self._check_pred(scalar_pred, "begin_capture_to_if_node")
         self._begin_conditional(0, p.data_ptr(), p)
 
-    def begin_capture_to_while_node(self, scalar_pred):
+    def begin_capture_to_while_node(self, scalar_pred: Tensor) -> None:
         """Capture the following work into the body of a WHILE node: at replay
         the body runs while ``scalar_pred`` is true, sampled before the first
         iteration and again at the end of every iteration (so a body that
@@ -218,11 +229,11 @@ class CUDAGraph(CUDAGraphBase):
         p = self._check_pred(scalar_pred, "begin_capture_to_while_node")
         self._begin_conditional(1, p.data_ptr(), p)
 
-    def end_capture_to_conditional_node(self):
+    def end_capture_to_conditional_node(self) -> None:
         """Close the innermost open conditional body; capture returns to its parent."""
         self._end_conditional()
 
-    def set_conditional_handle_for_current_node(self, scalar_pred):
+    def set_conditional_handle_for_current_node(self, scalar_pred: Tensor) -> None:
         """Sample ``scalar_pred`` into the innermost open node's condition now
         and make it that node's predicate (a WHILE body samples it again at the
         end of each iteration)."""
@@ -237,7 +248,7 @@ class CUDAGraph(CUDAGraphBase):
 STAGE_CAPACITIES = (8, 32, 128)     # table sizes; 128 entries keep the parameters under 4 KiB
 
 
-def multi_copy_source(capacity):
+def multi_copy_source(capacity: int) -> str:
     """A kernel copying up to ``capacity`` (src, dst, nbytes) entries given in its
     parameters; blockIdx.y picks the entry, 16-byte moves when aligned."""
     return f"""
@@ -278,7 +289,7 @@ def _set_conditional_function(device):
                                     lambda: (_SET_CONDITIONAL_SOURCE, "tp_set_conditional"))
 
 
-def is_current_stream_capturing():
+def is_current_stream_capturing() -> bool:
     """True while the current stream of the current device is capturing."""
     dev = current_device()
     return is_stream_capturing(current_stream(dev).handle, dev)
@@ -293,7 +304,8 @@ class graph:
     exception propagates.
     """
 
-    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+    def __init__(self, cuda_graph: CUDAGraph, pool: PoolLike = None, stream: Any = None,
+                 capture_error_mode: str = "global") -> None:
         if not isinstance(cuda_graph, CUDAGraph):
             raise TypeError(f"graph() expects a CUDAGraph, got {type(cuda_graph).__name__}")
         self.cuda_graph = cuda_graph
@@ -301,12 +313,13 @@ class graph:
         self.stream = stream
         self.capture_error_mode = capture_error_mode
 
-    def __enter__(self):
+    def __enter__(self) -> CUDAGraph:
         self.cuda_graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode,
                                       stream=self.stream)
         return self.cuda_graph
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
         if exc_type is not None:
             self.cuda_graph._abort_capture()
             return False
@@ -320,7 +333,7 @@ class graph:
 
 # ---------------------------------------------------------------- graphed callables
 
-def _flatten_outputs(out, where):
+def _flatten_outputs(out: object, where: str) -> Outputs:
     from .._tensor_api import Tensor
     if isinstance(out, Tensor):
         return out
@@ -330,7 +343,9 @@ def _flatten_outputs(out, where):
                     f"got {type(out).__name__}")
 
 
-def capture_callable(fn, static_args, *, warmup=2, pool=None, capture_error_mode="global", where="fn"):
+def capture_callable(fn: Callable[..., Any], static_args: Sequence[Any], *, warmup: int = 2,
+                     pool: PoolLike = None, capture_error_mode: str = "global",
+                     where: str = "fn") -> tuple[CUDAGraph, Outputs]:
     """Warm ``fn`` up on a side stream, then capture ``fn(*static_args)``.
 
     Returns (graph, static outputs). A host read inside ``fn`` (item(),
@@ -360,7 +375,8 @@ def capture_callable(fn, static_args, *, warmup=2, pool=None, capture_error_mode
     return g, _flatten_outputs(out, where)
 
 
-def make_graphed_callables(callables, sample_args, num_warmup_iters=3):
+def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[..., Any]],
+                           sample_args: Sequence[Any], num_warmup_iters: int = 3) -> Any:
     """Graph each callable with its sample arguments (tuples of tensors), in
     order, into one shared memory pool, and return callables that stage their
     arguments into the captured inputs and replay (for inference: tensorplay
@@ -391,11 +407,11 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3):
 class _Graphed:
     """A captured callable: each call stages its arguments and replays."""
 
-    def __init__(self, g, static_inputs, outputs):
+    def __init__(self, g: CUDAGraph, static_inputs: list[Tensor], outputs: Outputs) -> None:
         self.graph = g
         self.static_inputs = static_inputs
         self.outputs = outputs
 
-    def __call__(self, *args):
+    def __call__(self, *args: Tensor) -> Outputs:
         self.graph.stage_and_launch(self.static_inputs, args)
         return self.outputs
