@@ -119,18 +119,18 @@ def _pointer(a, device, k):
 class RawKernel:
     """A kernel written in CUDA C, compiled once per device (NVRTC, cached).
 
+    Call it as ``kernel(grid, block, args, shared_mem=0, stream=None)``.
+    Tensors in ``args`` pass their device address; numbers are typed by the
+    declared signature (or by their own type when it cannot be read).
+
     Parameters
     ----------
     source : str
-        CUDA C source; the kernel must be ``extern "C"``.
+        CUDA C source; the kernel must have C linkage (declared extern "C").
     name : str
         The kernel's name.
     options : sequence of str
         Extra NVRTC options.
-
-    Call it as ``kernel(grid, block, args, shared_mem=0, stream=None)``:
-    tensors pass their device address, numbers are typed by the declared
-    signature (or by their own type when it can't be read).
     """
 
     def __init__(self, source: str, name: str, options: Sequence[str] = ()) -> None:
