@@ -6,7 +6,7 @@ cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
-from libc.string cimport memcpy, memset
+from libc.string cimport memset
 
 from tensorplay._cuda cimport check, ensure_context, get_current_device, primary_context, validate_device
 from tensorplay._kernel cimport Function
@@ -433,17 +433,14 @@ cdef class CUDAGraphBase:
         anything is copied; copies and the launch are ordered on the current
         stream, the driver work runs without the GIL.
         """
-        cdef Py_ssize_t n, k, nfast = 0, cap, pos, m
+        cdef Py_ssize_t n, k, nfast = 0, cap, pos
         cdef TensorBase st, src
         cdef int i
         cdef bint fast
         cdef cydriver.CUstream stream
         cdef Function fn
         cdef unsigned long long table[1 + 3 * 128]
-        cdef vector[unsigned long long] fast_pairs     # (src, dst, nbytes) per fast pair
-        cdef unsigned long long nbytes
-        cdef unsigned int gx
-        cdef list statics, sources
+        cdef unsigned int gx, gy
         if self._exec == NULL:
             self._replay_error()
         if self._stage_fns is None:
@@ -453,13 +450,11 @@ cdef class CUDAGraphBase:
         n = len(static_inputs)
         if len(inputs) != n:
             raise ValueError(f"stage_and_launch: {n} static inputs but {len(inputs)} inputs")
-        statics = static_inputs if type(static_inputs) is list else list(static_inputs)
-        sources = inputs if type(inputs) is list else list(inputs)
         slow = None
-        fast_pairs.reserve(3 * n)
+        fast_pairs = []
         for k in range(n):
-            s_obj = statics[k]
-            i_obj = sources[k]
+            s_obj = static_inputs[k]
+            i_obj = inputs[k]
             if not isinstance(s_obj, TensorBase):
                 raise TypeError(f"stage_and_launch: static_inputs[{k}] is a {type(s_obj).__name__}, not a tensor")
             st = <TensorBase>s_obj
@@ -484,34 +479,32 @@ cdef class CUDAGraphBase:
                     raise TypeError(f"stage_and_launch: inputs[{k}] is a {type(i_obj).__name__}, not a tensor")
                 _check_broadcast(_shape_of(i_obj), st, k)
             if fast:
-                nbytes = st.c_numel() * st._itemsize
-                if nbytes:
-                    fast_pairs.push_back(src._ptr)
-                    fast_pairs.push_back(st._ptr)
-                    fast_pairs.push_back(nbytes)
+                if st.c_numel():
+                    fast_pairs.append((src._ptr, st._ptr, st.c_numel() * st._itemsize))
             else:
                 if slow is None:
                     slow = []
                 slow.append(k)
         if slow is not None:
             for k in slow:
-                statics[k].copy_(sources[k])
+                static_inputs[k].copy_(inputs[k])
         stream = current_stream_handle(self._device)
-        nfast = <Py_ssize_t>(fast_pairs.size() // 3)
+        nfast = len(fast_pairs)
         if 0 < nfast <= 128 and not self._staged_unavailable:
             fn, cap = self._stage_fn_for(nfast)
-            gx = _fill_table(table, fast_pairs.data(), nfast, cap)
+            gx = self._fill_table(table, fast_pairs, cap)
             if self._launch_staged(fn, cap, gx, <unsigned int>nfast, table, stream):
                 return
         pos = 0
         while pos < nfast:             # more than 128 pairs, or no staged executable
-            m = min(128, nfast - pos)
-            fn, cap = self._stage_fn_for(m)
-            gx = _fill_table(table, fast_pairs.data() + 3 * pos, m, cap)
+            chunk = fast_pairs[pos:pos + 128]
+            fn, cap = self._stage_fn_for(len(chunk))
+            gx = self._fill_table(table, chunk, cap)
+            gy = <unsigned int>len(chunk)
             with nogil:
-                fn.c_launch(gx, <unsigned int>m, 1, 256, 1, 1, 0, stream,
+                fn.c_launch(gx, gy, 1, 256, 1, 1, 0, stream,
                             <const void*>table, sizeof(unsigned long long) * (1 + 3 * cap))
-            pos += m
+            pos += 128
         with nogil:
             ensure_context(self._device)
             check(cydriver.cuGraphLaunch(self._exec, stream))
@@ -521,6 +514,25 @@ cdef class CUDAGraphBase:
             if cap_obj >= n:
                 return f_obj, cap_obj
         raise RuntimeError("internal: no multi-copy kernel holds the table")
+
+    cdef unsigned int _fill_table(self, unsigned long long* table, list pairs, Py_ssize_t cap):
+        """Write (src, dst, nbytes) triples after the count; returns the grid's x size."""
+        cdef Py_ssize_t k, n = len(pairs)
+        cdef unsigned long long maxbytes = 0, nb
+        table[0] = n
+        for k in range(n):
+            src_ptr, dst_ptr, nbytes = pairs[k]
+            nb = nbytes
+            table[1 + 3 * k] = src_ptr
+            table[2 + 3 * k] = dst_ptr
+            table[3 + 3 * k] = nb
+            if nb > maxbytes:
+                maxbytes = nb
+        for k in range(n, cap):
+            table[1 + 3 * k] = 0
+            table[2 + 3 * k] = 0
+            table[3 + 3 * k] = 0
+        return <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
 
     cdef bint _launch_staged(self, Function fn, Py_ssize_t cap, unsigned int gx, unsigned int gy,
                              unsigned long long* table, cydriver.CUstream stream) except -1:
@@ -731,21 +743,6 @@ _KINDS = {
 }
 _MEMTYPES = {cydriver.CU_MEMORYTYPE_HOST: "host", cydriver.CU_MEMORYTYPE_DEVICE: "device",
              cydriver.CU_MEMORYTYPE_ARRAY: "array", cydriver.CU_MEMORYTYPE_UNIFIED: "unified"}
-
-
-cdef unsigned int _fill_table(unsigned long long* table, const unsigned long long* pairs,
-                              Py_ssize_t n, Py_ssize_t cap) noexcept:
-    """The multi-copy kernel's parameters: the count, then n (src, dst, nbytes)
-    triples, zeros up to ``cap``; returns the grid's x size."""
-    cdef Py_ssize_t k
-    cdef unsigned long long maxbytes = 0
-    table[0] = n
-    memcpy(table + 1, pairs, sizeof(unsigned long long) * 3 * n)
-    memset(table + 1 + 3 * n, 0, sizeof(unsigned long long) * 3 * (cap - n))
-    for k in range(n):
-        if pairs[3 * k + 2] > maxbytes:
-            maxbytes = pairs[3 * k + 2]
-    return <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
 
 
 cdef dict _describe_graph(cydriver.CUgraph g, bint detailed, dict cond, uintptr_t hidden=0):
