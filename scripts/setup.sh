@@ -25,4 +25,4 @@ rm -rf .venv
 .venv/bin/python -m pip install -q dist/tensorplay-*.whl \
     "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "mypy>=1.18" \
     "sphinx>=8" "myst-parser>=4" "auditwheel>=6"
-echo "tensorplay $(.venv/bin/python -c 'import tensorplay; print(tensorplay.__version__)') installed in .venv from $(ls dist/*.whl)"
+echo "tensorplay $(.venv/bin/python -P -c 'import tensorplay; print(tensorplay.__version__)') installed in .venv from $(ls dist/*.whl)"
