@@ -96,3 +96,32 @@ def test_cupy_roundtrip_shares_memory():
     assert d.tolist() == [1.0] * 4
     e = cp.from_dlpack(tp.full((2,), 3, dtype=tp.int16, device="cuda"))
     assert e.tolist() == [3, 3]
+
+
+@pytest.mark.parametrize("via", ["dlpack", "cuda_array_interface"])
+def test_a_graph_keeps_foreign_memory_alive(via):
+    """Delete every reference to a PyTorch tensor a capture read and wrote,
+    let PyTorch allocate again, replay: the graph still uses the original
+    memory (kept through the owner object) and nothing else is overwritten."""
+    torch = pytest.importorskip("torch")
+    src = torch.full((4096,), 3.0, device="cuda")
+    dst = torch.zeros(4096, device="cuda")
+    wrap = tp.from_dlpack if via == "dlpack" else tp.as_tensor
+    a, b = wrap(src), wrap(dst)
+    b.copy_(a * 2)
+    tp.cuda.synchronize()
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        b.copy_(a * 2)
+        total = b.sum()
+    src_ptr = src.data_ptr()
+    del src, dst, a, b
+    gc.collect()
+    torch.cuda.synchronize()
+    fillers = [torch.full((4096,), -1.0, device="cuda") for _ in range(64)]
+    assert all(f.data_ptr() != src_ptr for f in fillers)
+    g.replay()
+    assert total.item() == 6.0 * 4096
+    torch.cuda.synchronize()
+    assert all(bool((f == -1.0).all()) for f in fillers)
+    g.reset()
