@@ -53,13 +53,19 @@ def eye(n, m=None, dtype=None, device=None):
     return out
 
 
-def cat(tensors, dim=0, out=None):
-    """Concatenate tensors along ``dim`` (shapes equal elsewhere; dtypes promote)."""
+def _tensor_list(tensors, what):
+    """``tensors`` as a non-empty list of tensors, or the error ``what`` raises."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("cat needs at least one tensor")
+        raise ValueError(f"{what} needs at least one tensor")
     if not all(isinstance(t, Tensor) for t in tensors):
-        raise TypeError("cat expects a sequence of tensors")
+        raise TypeError(f"{what} expects a sequence of tensors")
+    return tensors
+
+
+def cat(tensors, dim=0, out=None):
+    """Concatenate tensors along ``dim`` (shapes equal elsewhere; dtypes promote)."""
+    tensors = _tensor_list(tensors, "cat")
     ref = tensors[0]
     d = ref._dim(dim) if ref.ndim else 0
     if ref.ndim == 0:
@@ -88,11 +94,7 @@ def cat(tensors, dim=0, out=None):
 
 def stack(tensors, dim=0, out=None):
     """Stack equally shaped tensors along a new dimension ``dim``."""
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError("stack needs at least one tensor")
-    if not all(isinstance(t, Tensor) for t in tensors):
-        raise TypeError("stack expects a sequence of tensors")
+    tensors = _tensor_list(tensors, "stack")
     shape = tensors[0].shape
     for t in tensors:
         if t.shape != shape:

@@ -10,10 +10,14 @@ from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_
 from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_device_access_peer,
                      current_device, device_count, driver_version, get_device_capability,
                      get_device_name, get_device_properties, is_available, mem_get_info,
-                     set_device, synchronize, unavailable_reason)
-from .._cuda import device_index as _device_index
+                     set_device, unavailable_reason)
+from .._cuda import device_index as _device_index, synchronize as _synchronize_context
+from .._graph import live_graph_objects as _live_graph_objects
+from .._kernel import live_module_count as _live_module_count
 from .._stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
                        stream)
+from .._stream import live_stream_and_event_counts as _live_stream_and_event_counts
+from .._tensor_api import run_device_error_checks as _run_device_error_checks
 
 from ._custom import ElementwiseKernel, RawKernel
 from .graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
@@ -24,24 +28,19 @@ def live_driver_objects(device: Any = None) -> dict[str, int]:
     streams, events, graphs, executables, modules, and the allocator's pending
     record_stream events on ``device``. For leak checks: after ``gc.collect()``
     and ``empty_cache()`` they return to what they were before the work."""
-    from .._graph import live_graph_objects
-    from .._kernel import live_module_count
-    from .._stream import live_stream_and_event_counts
-    streams, events = live_stream_and_event_counts()
-    out = {"streams": streams, "events": events, **live_graph_objects(),
-           "modules": live_module_count()}
+    streams, events = _live_stream_and_event_counts()
+    out = {"streams": streams, "events": events, **_live_graph_objects(),
+           "modules": _live_module_count()}
     if is_available():
         out["allocator_events"] = memory_stats(device)["pending_events"]
     return out
 
 
-def synchronize(device: Any = None) -> None:  # type: ignore[no-redef]
+def synchronize(device: Any = None) -> None:
     """Wait for all work on ``device`` (default: current) to finish, cuCtxSynchronize;
     device-side index errors found by kernels are raised here as IndexError."""
-    from .._cuda import synchronize as _sync
-    from .._tensor_api import run_device_error_checks
-    _sync(device)
-    run_device_error_checks(_device_index(device))
+    _synchronize_context(device)
+    _run_device_error_checks(_device_index(device))
 
 
 __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKernel", "graph", "is_current_stream_capturing",
