@@ -6,7 +6,7 @@ cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from tensorplay._cuda cimport check, ensure_context, get_current_device, primary_context, validate_device
 from tensorplay._kernel cimport Function
@@ -433,14 +433,17 @@ cdef class CUDAGraphBase:
         anything is copied; copies and the launch are ordered on the current
         stream, the driver work runs without the GIL.
         """
-        cdef Py_ssize_t n, k, nfast = 0, cap, pos
+        cdef Py_ssize_t n, k, nfast = 0, cap, pos, m
         cdef TensorBase st, src
         cdef int i
         cdef bint fast
         cdef cydriver.CUstream stream
         cdef Function fn
         cdef unsigned long long table[1 + 3 * 128]
-        cdef unsigned int gx, gy
+        cdef vector[unsigned long long] fast_pairs     # (src, dst, nbytes) per fast pair
+        cdef unsigned long long nbytes
+        cdef unsigned int gx
+        cdef list statics, sources
         if self._exec == NULL:
             self._replay_error()
         if self._stage_fns is None:
@@ -450,11 +453,13 @@ cdef class CUDAGraphBase:
         n = len(static_inputs)
         if len(inputs) != n:
             raise ValueError(f"stage_and_launch: {n} static inputs but {len(inputs)} inputs")
+        statics = static_inputs if type(static_inputs) is list else list(static_inputs)
+        sources = inputs if type(inputs) is list else list(inputs)
         slow = None
-        fast_pairs = []
+        fast_pairs.reserve(3 * n)
         for k in range(n):
-            s_obj = static_inputs[k]
-            i_obj = inputs[k]
+            s_obj = statics[k]
+            i_obj = sources[k]
             if not isinstance(s_obj, TensorBase):
                 raise TypeError(f"stage_and_launch: static_inputs[{k}] is a {type(s_obj).__name__}, not a tensor")
             st = <TensorBase>s_obj
@@ -479,32 +484,34 @@ cdef class CUDAGraphBase:
                     raise TypeError(f"stage_and_launch: inputs[{k}] is a {type(i_obj).__name__}, not a tensor")
                 _check_broadcast(_shape_of(i_obj), st, k)
             if fast:
-                if st.c_numel():
-                    fast_pairs.append((src._ptr, st._ptr, st.c_numel() * st._itemsize))
+                nbytes = st.c_numel() * st._itemsize
+                if nbytes:
+                    fast_pairs.push_back(src._ptr)
+                    fast_pairs.push_back(st._ptr)
+                    fast_pairs.push_back(nbytes)
             else:
                 if slow is None:
                     slow = []
                 slow.append(k)
         if slow is not None:
             for k in slow:
-                static_inputs[k].copy_(inputs[k])
+                statics[k].copy_(sources[k])
         stream = current_stream_handle(self._device)
-        nfast = len(fast_pairs)
+        nfast = <Py_ssize_t>(fast_pairs.size() // 3)
         if 0 < nfast <= 128 and not self._staged_unavailable:
             fn, cap = self._stage_fn_for(nfast)
-            gx = self._fill_table(table, fast_pairs, cap)
+            gx = _fill_table(table, fast_pairs.data(), nfast, cap)
             if self._launch_staged(fn, cap, gx, <unsigned int>nfast, table, stream):
                 return
         pos = 0
         while pos < nfast:             # more than 128 pairs, or no staged executable
-            chunk = fast_pairs[pos:pos + 128]
-            fn, cap = self._stage_fn_for(len(chunk))
-            gx = self._fill_table(table, chunk, cap)
-            gy = <unsigned int>len(chunk)
+            m = min(128, nfast - pos)
+            fn, cap = self._stage_fn_for(m)
+            gx = _fill_table(table, fast_pairs.data() + 3 * pos, m, cap)
             with nogil:
-                fn.c_launch(gx, gy, 1, 256, 1, 1, 0, stream,
+                fn.c_launch(gx, <unsigned int>m, 1, 256, 1, 1, 0, stream,
                             <const void*>table, sizeof(unsigned long long) * (1 + 3 * cap))
-            pos += 128
+            pos += m
         with nogil:
             ensure_context(self._device)
             check(cydriver.cuGraphLaunch(self._exec, stream))
@@ -514,25 +521,6 @@ cdef class CUDAGraphBase:
             if cap_obj >= n:
                 return f_obj, cap_obj
         raise RuntimeError("internal: no multi-copy kernel holds the table")
-
-    cdef unsigned int _fill_table(self, unsigned long long* table, list pairs, Py_ssize_t cap):
-        """Write (src, dst, nbytes) triples after the count; returns the grid's x size."""
-        cdef Py_ssize_t k, n = len(pairs)
-        cdef unsigned long long maxbytes = 0, nb
-        table[0] = n
-        for k in range(n):
-            src_ptr, dst_ptr, nbytes = pairs[k]
-            nb = nbytes
-            table[1 + 3 * k] = src_ptr
-            table[2 + 3 * k] = dst_ptr
-            table[3 + 3 * k] = nb
-            if nb > maxbytes:
-                maxbytes = nb
-        for k in range(n, cap):
-            table[1 + 3 * k] = 0
-            table[2 + 3 * k] = 0
-            table[3 + 3 * k] = 0
-        return <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
 
     cdef bint _launch_staged(self, Function fn, Py_ssize_t cap, unsigned int gx, unsigned int gy,
                              unsigned long long* table, cydriver.CUstream stream) except -1:
@@ -743,6 +731,21 @@ _KINDS = {
 }
 _MEMTYPES = {cydriver.CU_MEMORYTYPE_HOST: "host", cydriver.CU_MEMORYTYPE_DEVICE: "device",
              cydriver.CU_MEMORYTYPE_ARRAY: "array", cydriver.CU_MEMORYTYPE_UNIFIED: "unified"}
+
+
+cdef unsigned int _fill_table(unsigned long long* table, const unsigned long long* pairs,
+                              Py_ssize_t n, Py_ssize_t cap) noexcept:
+    """The multi-copy kernel's parameters: the count, then n (src, dst, nbytes)
+    triples, zeros up to ``cap``; returns the grid's x size."""
+    cdef Py_ssize_t k
+    cdef unsigned long long maxbytes = 0
+    table[0] = n
+    memcpy(table + 1, pairs, sizeof(unsigned long long) * 3 * n)
+    memset(table + 1 + 3 * n, 0, sizeof(unsigned long long) * 3 * (cap - n))
+    for k in range(n):
+        if pairs[3 * k + 2] > maxbytes:
+            maxbytes = pairs[3 * k + 2]
+    return <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
 
 
 cdef dict _describe_graph(cydriver.CUgraph g, bint detailed, dict cond, uintptr_t hidden=0):
