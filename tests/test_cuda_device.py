@@ -34,6 +34,10 @@ def test_device_index_out_of_range_is_a_value_error():
         tp.cuda.get_device_properties(n)
     with pytest.raises(ValueError):
         tp.cuda.Stream(device=n)
+    with pytest.raises(ValueError, match="out of range"):
+        tp.cuda.enable_peer_access(0, n)
+    tp.cuda.enable_peer_access(0, 0)             # a device always reaches its own memory
+    tp.cuda.disable_peer_access(0, 0)
 
 
 def test_set_device_and_device_context_manager():

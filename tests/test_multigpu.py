@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Several GPUs: every piece is per device, concurrent captures on two devices,
-peer copies (skipped with fewer than two GPUs)."""
+peer copies with and without peer access (skipped with fewer than two GPUs)."""
 
 import threading
 
@@ -91,26 +91,37 @@ def test_concurrent_captures_on_two_devices_from_two_threads():
     assert results[0][1] != results[1][1]                      # one pool each
 
 
-def test_peer_copies_without_peer_access(rng):
-    """Copies between devices are staged by the driver when peer access is
-    not enabled (enabling it is on branch wip/peer-access, not yet run)."""
-    a = rng.standard_normal((64, 33)).astype(np.float32)
-    x0 = tp.tensor(a, device="cuda:0")
-    x1 = tp.empty((64, 33), device="cuda:1")
-    x1.copy_(x0)
-    np.testing.assert_array_equal(x1.cpu().numpy(), a)
-    back = tp.zeros((33, 64), dtype=tp.float64, device="cuda:0")
-    back.copy_(x1.T)                                           # strided and cast across devices
-    np.testing.assert_array_equal(back.cpu().numpy(), a.T.astype(np.float64))
-    assert np.array_equal(x0.to("cuda:1").cpu().numpy(), a)
+@pytest.mark.parametrize("peer_access", [False, True])
+def test_peer_copies_with_and_without_peer_access(peer_access, rng):
+    if peer_access:
+        if not tp.cuda.can_device_access_peer(0, 1):
+            pytest.skip("these GPUs cannot access each other's memory")
+        tp.cuda.enable_peer_access(0, 1)
+        tp.cuda.enable_peer_access(1, 0)
+        tp.cuda.enable_peer_access(0, 1)                       # twice is fine
+    try:
+        a = rng.standard_normal((64, 33)).astype(np.float32)
+        x0 = tp.tensor(a, device="cuda:0")
+        x1 = tp.empty((64, 33), device="cuda:1")
+        x1.copy_(x0)
+        np.testing.assert_array_equal(x1.cpu().numpy(), a)
+        back = tp.zeros((33, 64), dtype=tp.float64, device="cuda:0")
+        back.copy_(x1.T)                                       # strided and cast across devices
+        np.testing.assert_array_equal(back.cpu().numpy(), a.T.astype(np.float64))
+        assert np.array_equal(x0.to("cuda:1").cpu().numpy(), a)
 
-    # stage_and_launch's fallback: an input on the other device
-    static = tp.zeros(33, device="cuda:1")
-    out = tp.zeros(33, device="cuda:1")
-    out.add_(static)
-    g = CUDAGraph()
-    with tp.cuda.device(1), tp.cuda.graph(g):
-        out.copy_(static * 2)
-    g.stage_and_launch([static], [x0[5]])
-    tp.cuda.synchronize(1)
-    np.testing.assert_array_equal(out.cpu().numpy(), a[5] * 2)
+        # stage_and_launch's fallback: an input on the other device
+        static = tp.zeros(33, device="cuda:1")
+        out = tp.zeros(33, device="cuda:1")
+        out.add_(static)
+        g = CUDAGraph()
+        with tp.cuda.device(1), tp.cuda.graph(g):
+            out.copy_(static * 2)
+        g.stage_and_launch([static], [x0[5]])
+        tp.cuda.synchronize(1)
+        np.testing.assert_array_equal(out.cpu().numpy(), a[5] * 2)
+    finally:
+        if peer_access:
+            tp.cuda.disable_peer_access(0, 1)
+            tp.cuda.disable_peer_access(1, 0)
+            tp.cuda.disable_peer_access(1, 0)                  # not enabled: fine

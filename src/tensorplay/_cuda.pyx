@@ -346,6 +346,41 @@ def can_device_access_peer(device, peer):
     return bool(ok)
 
 
+def enable_peer_access(device, peer):
+    """Let kernels and copies on ``device`` reach ``peer``'s memory directly
+    (cuCtxEnablePeerAccess from device's primary context). Copies between
+    devices work without it, staged by the driver; enabled twice is fine.
+    Raises ValueError when the hardware cannot (see can_device_access_peer)."""
+    _set_peer_access(device, peer, True)
+
+
+def disable_peer_access(device, peer):
+    """Undo enable_peer_access (cuCtxDisablePeerAccess); not enabled is fine."""
+    _set_peer_access(device, peer, False)
+
+
+cdef int _set_peer_access(object device, object peer, bint enable) except -1:
+    cdef int a = device_index(device), b = device_index(peer)
+    cdef cydriver.CUresult r
+    cdef cydriver.CUcontext peer_ctx
+    validate_device(a)
+    validate_device(b)
+    if a == b:
+        return 0
+    if enable and not can_device_access_peer(a, b):
+        raise ValueError(f"cuda:{a} cannot access cuda:{b}'s memory (cuDeviceCanAccessPeer)")
+    peer_ctx = primary_context(b)
+    with nogil:
+        ensure_context(a)
+        if enable:
+            r = cydriver.cuCtxEnablePeerAccess(peer_ctx, 0)
+        else:
+            r = cydriver.cuCtxDisablePeerAccess(peer_ctx)
+    if r != cydriver.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED and r != cydriver.CUDA_ERROR_PEER_ACCESS_NOT_ENABLED:
+        check(r)
+    return 0
+
+
 def _bound_device():
     """The device whose primary context this thread made current (-1: none); for tests."""
     return tls_bound_device

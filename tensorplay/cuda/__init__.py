@@ -8,6 +8,7 @@ from typing import Any
 from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
                       memory_allocated, memory_reserved, memory_stats, reset_peak_memory_stats)
 from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_device_access_peer,
+                     disable_peer_access, enable_peer_access,
                      current_device, device_count, driver_version, get_device_capability,
                      get_device_name, get_device_properties, is_available, mem_get_info,
                      set_device, unavailable_reason)
@@ -46,6 +47,7 @@ def synchronize(device: Any = None) -> None:
 __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKernel", "graph", "is_current_stream_capturing",
     "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "can_device_access_peer", "current_device", "current_stream", "default_stream", "device",
+    "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
     "get_device_properties", "graph_pool_handle", "is_available", "live_driver_objects", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats",
