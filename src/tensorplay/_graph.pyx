@@ -9,7 +9,7 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 
 from tensorplay._cuda cimport check, ensure_context, get_current_device, primary_context, validate_device
-from tensorplay._kernel cimport Function
+from tensorplay._kernel cimport Function, fill_launch_extra
 from tensorplay._tensor cimport TensorBase, DEVICE_CUDA
 from libc.stdint cimport uint64_t
 from libcpp.vector cimport vector
@@ -530,11 +530,7 @@ cdef class CUDAGraphBase:
         cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
         cdef size_t size = sizeof(unsigned long long) * (1 + 3 * cap)
         cdef void* extra[5]
-        extra[0] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_POINTER
-        extra[1] = <void*>table
-        extra[2] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_SIZE
-        extra[3] = <void*>&size
-        extra[4] = <void*>cydriver.CU_LAUNCH_PARAM_END
+        fill_launch_extra(extra, table, &size)
         memset(&kp, 0, sizeof(kp))
         kp.func = fn._handle
         kp.gridDimX = gx
@@ -560,7 +556,7 @@ cdef class CUDAGraphBase:
         """Add the copy node in front of every root of the captured graph and
         instantiate that (the main executable stays as captured)."""
         cdef cydriver.CUgraphNode node = NULL
-        cdef size_t nroots = 0, i
+        cdef size_t nroots = 0
         cdef vector[cydriver.CUgraphNode] roots
         cdef vector[cydriver.CUgraphNode] froms
         cdef cydriver.CUresult r
@@ -679,7 +675,7 @@ cdef class CUDAGraphBase:
         self._abort_capture()
 
     def __dealloc__(self):
-        if self._capturing or self._cond_stack:
+        if self._capturing:           # conditional bodies are open only inside a capture
             try:
                 self._abort_capture()      # conditional bodies, the capture, routing, stream
             except BaseException:

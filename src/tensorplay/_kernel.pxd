@@ -17,3 +17,13 @@ cdef class Function:
                       unsigned int bx, unsigned int by, unsigned int bz,
                       unsigned int shared, cydriver.CUstream stream,
                       const void* params, size_t params_size) except -1 nogil
+
+
+cdef inline void fill_launch_extra(void** extra, const void* params, size_t* params_size) noexcept nogil:
+    """The five-slot ``extra`` array of cuLaunchKernel and kernel nodes that
+    passes ``params`` as one packed buffer."""
+    extra[0] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_POINTER
+    extra[1] = <void*>params
+    extra[2] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_SIZE
+    extra[3] = <void*>params_size
+    extra[4] = <void*>cydriver.CU_LAUNCH_PARAM_END

@@ -74,12 +74,8 @@ cdef class Function:
                       const void* params, size_t params_size) except -1 nogil:
         cdef void* extra[5]
         cdef void** ex = NULL
-        extra[0] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_POINTER
-        extra[1] = <void*>params
-        extra[2] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_SIZE
-        extra[3] = <void*>&params_size
-        extra[4] = <void*>cydriver.CU_LAUNCH_PARAM_END
         if params_size:
+            fill_launch_extra(extra, params, &params_size)
             ex = extra
         ensure_context(self.device)
         check(cydriver.cuLaunchKernel(self._handle, gx, gy, gz, bx, by, bz, shared, stream, NULL, ex))
