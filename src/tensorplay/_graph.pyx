@@ -5,13 +5,11 @@ begin/end with allocator routing; replay with the GIL released."""
 cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
-
 from libc.string cimport memcpy, memset
 
 from tensorplay._cuda cimport check, ensure_context, get_current_device, primary_context, validate_device
 from tensorplay._kernel cimport Function, fill_launch_extra
 from tensorplay._tensor cimport TensorBase, DEVICE_CUDA
-from libc.stdint cimport uint64_t
 from libcpp.vector cimport vector
 from tensorplay._stream cimport (Stream, as_stream, current_stream_handle, set_current_stream_handle,
                                  stream_wait_stream)
@@ -25,8 +23,9 @@ from tensorplay._stream import (capture_side_stream, current_stream, release_cap
 
 _live = {"graphs": 0, "execs": 0}
 
-# Choosing a free side stream and beginning capture on it is one step, so two
-# threads beginning captures at once never pick the same stream.
+# Checking that a stream is not capturing and beginning capture on it is one
+# step, so two threads beginning captures on one stream get a clear error, not
+# the driver's. (Default side streams are already reserved per capture.)
 _begin_lock = threading.Lock()
 
 
@@ -477,7 +476,7 @@ cdef class CUDAGraphBase:
                             fast = False
                             break
                 if not fast:
-                    _check_broadcast(tuple([src._shape[i] for i in range(src._ndim)]), st, k)
+                    _check_broadcast(src.shape, st, k)
             else:
                 if i_obj is None or isinstance(i_obj, (str, bytes)) or not (
                         hasattr(i_obj, "shape") or hasattr(i_obj, "__len__") or isinstance(i_obj, (int, float))):
@@ -649,15 +648,15 @@ cdef class CUDAGraphBase:
         if self._exec != NULL:
             try:
                 ensure_context(self._device)
-                cydriver.cuGraphExecDestroy(self._exec)
-                _live["execs"] -= 1
+                if cydriver.cuGraphExecDestroy(self._exec) == cydriver.CUDA_SUCCESS:
+                    _live["execs"] -= 1
             except BaseException:
                 pass
             self._exec = NULL
         if self._graph != NULL:
             try:
-                cydriver.cuGraphDestroy(self._graph)
-                _live["graphs"] -= 1
+                if cydriver.cuGraphDestroy(self._graph) == cydriver.CUDA_SUCCESS:
+                    _live["graphs"] -= 1
             except BaseException:
                 pass
             self._graph = NULL
@@ -854,12 +853,12 @@ cdef int _check_broadcast(tuple src, TensorBase dst, Py_ssize_t k) except -1:
     cdef int i, nd = dst._ndim, ns = len(src)
     if ns > nd:
         raise ValueError(f"stage_and_launch: inputs[{k}] of shape {src} does not fit static_inputs[{k}] "
-                         f"of shape {tuple([dst._shape[i] for i in range(nd)])}")
+                         f"of shape {dst.shape}")
     for i in range(ns):
         s = src[ns - 1 - i]
         if s != 1 and s != dst._shape[nd - 1 - i]:
             raise ValueError(f"stage_and_launch: inputs[{k}] of shape {src} cannot broadcast to "
-                             f"static_inputs[{k}] of shape {tuple([dst._shape[i] for i in range(nd)])}")
+                             f"static_inputs[{k}] of shape {dst.shape}")
     return 0
 
 
