@@ -178,9 +178,9 @@ def getitem(t, index):
         on_host = True
     else:
         out_idx_shape = ix.shape
-    size = view.shape[dim] if view.ndim > dim else 0
     if view.ndim <= dim:
         raise IndexError(f"too many indices for a {t.ndim}-d tensor")
+    size = view.shape[dim]
     if on_host:
         _check_host_bounds(ix, size, dim)
     flat = ix.reshape(-1)

@@ -46,9 +46,9 @@ class CUDAGraphified:
         self.num_captures = 0
         functools.update_wrapper(self, fn)
 
-    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    def _signature(self, flat: list[Any], names: list[str]) -> tuple[Any, ...]:
         key: list[Any] = []
-        for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
+        for a in flat:
             if isinstance(a, Tensor):
                 if not a.is_cuda:
                     raise TypeError("cudagraphify: tensor arguments must be CUDA tensors")
@@ -60,14 +60,16 @@ class CUDAGraphified:
                     raise TypeError(f"cudagraphify: non-tensor argument of type {type(a).__name__} "
                                     "is not hashable, so it cannot select a graph") from None
                 key.append(("V", type(a), a))
-        return tuple(key) + (tuple(sorted(kwargs)),)
+        return tuple(key) + (tuple(names),)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = self._signature(args, kwargs)
+        names = sorted(kwargs)
+        flat = list(args) + [kwargs[k] for k in names]      # positional, then keywords by name
+        key = self._signature(flat, names)
         entry = self._entries.get(key)
-        tensors = [a for a in list(args) + [kwargs[k] for k in sorted(kwargs)] if isinstance(a, Tensor)]
+        tensors = [a for a in flat if isinstance(a, Tensor)]
         if entry is None:
-            entry = self._capture(args, kwargs)
+            entry = self._capture(flat, len(args), names)
             self._entries[key] = entry
         g, static, outputs = entry
         g.stage_and_launch(static, tensors)
@@ -75,14 +77,12 @@ class CUDAGraphified:
             return outputs.clone() if isinstance(outputs, Tensor) else type(outputs)(o.clone() for o in outputs)
         return outputs
 
-    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Tensor], Any]:
+    def _capture(self, flat: list[Any], n_positional: int, names: list[str]) -> tuple[Any, list[Tensor], Any]:
         if self._pool is None:
             self._pool = graph_pool_handle()
-        names = sorted(kwargs)
-        flat = list(args) + [kwargs[k] for k in names]
         static_flat = [a.clone() if isinstance(a, Tensor) else a for a in flat]
-        static_args = static_flat[:len(args)]
-        static_kwargs = dict(zip(names, static_flat[len(args):]))
+        static_args = static_flat[:n_positional]
+        static_kwargs = dict(zip(names, static_flat[n_positional:]))
 
         def run(*_: Any) -> Any:
             return self.fn(*static_args, **static_kwargs)

@@ -306,7 +306,7 @@ class ElementwiseKernel:
             n *= s
         if n:
             cshape, cstrides, ndim = _kernels.geometry(shape, strides)
-            typedefs = {t: bound[t] for t in bound}
+            typedefs = dict(bound)
             key = ("custom", self.name, self.operation, self.preamble,
                    tuple((v, d.code, o) for v, d, o in arrays), tuple((v, d.code) for v, d in scalars),
                    tuple(sorted((k, v.code) for k, v in typedefs.items())), ndim)

@@ -16,13 +16,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Union
 
 from .._alloc import graph_pool_handle
-from .._cuda import current_device, driver_version
+from .._cuda import CudaError, current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
-from .._stream import current_stream
+from .._stream import Stream, current_stream, stream as use_stream
 
 if TYPE_CHECKING:
     from .. import Tensor
-    from .._stream import Stream
 
 PoolLike = Union["CUDAGraph", int, None]
 Outputs = Union["Tensor", "tuple[Tensor, ...]", "list[Tensor]"]
@@ -164,22 +163,21 @@ class CUDAGraph(CUDAGraphBase):
         dot = _dot.to_dot(desc, detailed=getattr(self, "_debug_mode", False),
                           title=f"CUDA graph on cuda:{self.device_index} ({self.num_nodes} nodes)")
         root, ext = os.path.splitext(path)
-        if ext.lower() in (".svg", ".png"):
-            tool = shutil.which("dot")
-            dot_path = root + ".dot"
-            with open(dot_path, "w") as f:
-                f.write(dot)
-            if tool is None:
-                warnings.warn(f"Graphviz 'dot' not found: wrote {dot_path}; render it with "
-                              f"'dot -T{ext[1:].lower()} {dot_path} -o {path}'", UserWarning, stacklevel=2)
-                return dot_path
-            res = subprocess.run([tool, f"-T{ext[1:].lower()}", dot_path, "-o", path],
-                                 capture_output=True, text=True)
-            if res.returncode != 0:
-                raise OSError(f"dot failed to render {path}: {res.stderr.strip()}")
-            return path
-        with open(path, "w") as f:
+        image_format = ext[1:].lower() if ext.lower() in (".svg", ".png") else None
+        dot_path = root + ".dot" if image_format else path
+        with open(dot_path, "w") as f:
             f.write(dot)
+        if image_format is None:
+            return path
+        tool = shutil.which("dot")
+        if tool is None:
+            warnings.warn(f"Graphviz 'dot' not found: wrote {dot_path}; render it with "
+                          f"'dot -T{image_format} {dot_path} -o {path}'", UserWarning, stacklevel=2)
+            return dot_path
+        res = subprocess.run([tool, f"-T{image_format}", dot_path, "-o", path],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise OSError(f"dot failed to render {path}: {res.stderr.strip()}")
         return path
 
     def _stage_kernels(self):
@@ -202,11 +200,11 @@ class CUDAGraph(CUDAGraphBase):
             raise TypeError(f"{what}: scalar_pred must have dtype bool, got {scalar_pred.dtype.name}")
         if scalar_pred.numel() != 1:
             raise ValueError(f"{what}: scalar_pred must have exactly one element, got shape {scalar_pred.shape}")
-        if self.is_capturing and scalar_pred.device.index != self.device_index:
-            raise ValueError(f"{what}: scalar_pred is on {scalar_pred.device}, the capture on "
-                             f"cuda:{self.device_index}")
         if not self.is_capturing:
             raise RuntimeError(f"{what}: no capture is open on this graph (call capture_begin first)")
+        if scalar_pred.device.index != self.device_index:
+            raise ValueError(f"{what}: scalar_pred is on {scalar_pred.device}, the capture on "
+                             f"cuda:{self.device_index}")
         if driver_version() < (12, 4):
             raise RuntimeError(f"{what}: conditional graph nodes need a CUDA 12.4 or newer driver, "
                                f"this one is {'.'.join(map(str, driver_version()))}")
@@ -352,8 +350,6 @@ def capture_callable(fn: Callable[..., Any], static_args: Sequence[Any], *, warm
     tolist(), bool(tensor), numpy()) fails the capture with a RuntimeError
     naming the cause; the graph is left reset.
     """
-    from .._stream import Stream, current_stream, stream as use_stream
-    from .._cuda import CudaError
     cur = current_stream()
     side = Stream(cur.device_index)
     side.wait_stream(cur)
