@@ -3,20 +3,25 @@
 
 Run on the GPU machine, from benchmarks/ (not the repository root):
 
-    python compare.py [--quick] [--out results]
+    python compare.py [--quick] [--only memory,replay,...] [--out results]
 
 Prints a table (medians over repeated measurements, after warm-up), writes
 ``<out>.json`` and, where matplotlib is installed, ``<out>.png``. Host time
 per call is measured back to back with the launch queue kept short; latency
-is one call between two synchronizations.
+is one call between two synchronizations. The memory section (run first,
+before the others allocate) sets reserved device memory of tensorplay and
+PyTorch side by side on the same work, each over its own baseline.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
+import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -31,9 +36,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = []
 
 
-def record(section, case, library, host_us=None, latency_us=None, extra=None, error=None):
+def record(section, case, library, host_us=None, latency_us=None, extra=None, error=None,
+           reserved_mib=None, total_mib=None, peak_mib=None, final_mib=None):
+    """Append one result; the ``*_mib`` figures are the memory section's (see MEMORY_LEGEND)."""
     RESULTS.append({"section": section, "case": case, "library": library, "host_us": host_us,
-                    "latency_us": latency_us, "extra": extra, "error": error})
+                    "latency_us": latency_us, "extra": extra, "error": error,
+                    "reserved_mib": reserved_mib, "total_mib": total_mib, "peak_mib": peak_mib,
+                    "final_mib": final_mib})
 
 
 def host_per_call(fn, calls, repeats, sync):
@@ -424,15 +433,234 @@ def eager_rows(calls, repeats, torch, cp):
         record("eager", "small add_", name, host[name])
 
 
+# ---------------------------------------------------------------- 7. memory (run first)
+
+MIB = 1 << 20
+MEMORY_FIGURES = (("reserved_mib", "growth"), ("total_mib", "total growth"), ("peak_mib", "peak"),
+                  ("final_mib", "final"))
+MEMORY_LEGEND = """\
+growth: memory_reserved() after the work minus just before it (eager loop: after its first iteration,
+  so the input's and the first output's segments are excluded; graphs: the inputs allocated and the
+  cache emptied, so what the captures reserve); total growth: over the baseline (gc.collect(),
+  empty_cache(), synchronize()); peak: max_memory_reserved() after reset_peak_memory_stats() at the
+  baseline, minus the baseline; final: at the end of the sequence, its live tensors still held."""
+
+
+def mib(nbytes):
+    return nbytes / MIB
+
+
+def size_label(nbytes):
+    return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes >> 10} KiB"
+
+
+def settle(lib):
+    """Free what nothing references, empty the library's cache and return its
+    reserved bytes: the baseline a memory figure is measured from."""
+    gc.collect()
+    lib.cuda.synchronize()
+    lib.cuda.empty_cache()
+    lib.cuda.synchronize()
+    return lib.cuda.memory_reserved()
+
+
+def memory_case(case, libraries, measure, *args):
+    """Record ``measure(lib, *args)``'s MiB figures for each library, each in
+    its own guard, and leave each library settled for the next case."""
+    for name, lib in libraries:
+        @guarded("memory", case, name)
+        def _measure():
+            record("memory", case, name, **measure(lib, *args))
+        settle(lib)
+
+
+def eager_loop(lib, nbytes, iterations):
+    """``y = x * 2.0; del y`` ``iterations`` times: reserved growth after the
+    first iteration (the target is 0: every output reuses the freed block)
+    and over the baseline."""
+    y = lib.ones(nbytes // 4, dtype=lib.float32, device="cuda") * 2.0     # compiles the kernel
+    del y
+    base = settle(lib)
+    x = lib.ones(nbytes // 4, dtype=lib.float32, device="cuda")
+    y = x * 2.0
+    del y
+    after_first = lib.cuda.memory_reserved()
+    for _ in range(iterations - 1):
+        y = x * 2.0
+        del y
+    lib.cuda.synchronize()
+    after = lib.cuda.memory_reserved()
+    return {"reserved_mib": mib(after - after_first), "total_mib": mib(after - base)}
+
+
+def chain(x, ops):
+    """``x = x * 1.0001 + 1``, ``ops`` times (two kernels each)."""
+    for _ in range(ops):
+        x = x * 1.0001 + 1
+    return x
+
+
+def chained_graphs(lib, nbytes, graphs, ops, shared):
+    """Capture ``graphs`` graphs of ``ops`` chained ``x = x * 1.0001 + 1``,
+    graph k+1 reading graph k's output, each in its own private pool or all in
+    one shared pool: the reserved growth of the captures, and a check of one
+    replay of every graph in order against the same work done eagerly."""
+    x_in = lib.ones(nbytes // 4, dtype=lib.float32, device="cuda")
+    chain(x_in, ops)                                                    # compiles the kernels
+    before = settle(lib)
+    pool = lib.cuda.graph_pool_handle() if shared else None
+    captured, x = [], x_in
+    for _ in range(graphs):
+        g = lib.cuda.CUDAGraph()
+        with lib.cuda.graph(g, pool=pool):
+            x = chain(x, ops)
+        captured.append((g, x))
+    lib.cuda.synchronize()
+    growth = lib.cuda.memory_reserved() - before
+    return {"reserved_mib": mib(growth), "error": check_chained_replay(x_in, captured, graphs * ops)}
+
+
+def check_chained_replay(x_in, captured, ops):
+    """Replay ``captured`` [(graph, its output)] in order from a fresh input
+    value and compare the last output with ``ops`` eager steps: None when
+    they agree, else what is wrong (for the row's error)."""
+    x_in.fill_(0.5)             # not the warm-up's value: a replay that did nothing shows
+    for g, _ in captured:
+        g.replay()
+    got = captured[-1][1].cpu().numpy()
+    want = chain(x_in * 1.0, ops).cpu().numpy()
+    if np.allclose(got, want, rtol=1e-5, atol=0.0):
+        return None
+    bad = int(np.count_nonzero(~np.isclose(got, want, rtol=1e-5, atol=0.0)))
+    return f"wrong result after replay: {bad} of {want.size} values differ from eager"
+
+
+def random_alloc_steps(steps, seed=0, p_alloc=0.55, smallest=512, largest=64 * MIB):
+    """A seeded sequence for every library alike: a positive step allocates
+    that many bytes (log-uniform in [smallest, largest]); a negative step
+    -(k + 1) frees live tensor k, whose place the last live tensor takes.
+    An empty live set always allocates."""
+    rng = random.Random(seed)
+    lo, hi = math.log(smallest), math.log(largest)
+    out, live = [], 0
+    for _ in range(steps):
+        if live == 0 or rng.random() < p_alloc:
+            out.append(int(math.exp(rng.uniform(lo, hi))))
+            live += 1
+        else:
+            out.append(-(rng.randrange(live) + 1))
+            live -= 1
+    return out
+
+
+def random_allocations(lib, steps):
+    """Run ``random_alloc_steps`` on uint8 tensors: peak reserved over the
+    sequence and reserved at its end, both over the baseline."""
+    base = settle(lib)
+    lib.cuda.reset_peak_memory_stats()
+    live = []
+    for step in steps:
+        if step > 0:
+            live.append(lib.empty(step, dtype=lib.uint8, device="cuda"))
+        else:
+            live[-step - 1] = live[-1]
+            live.pop()
+    lib.cuda.synchronize()
+    final = lib.cuda.memory_reserved()
+    peak = lib.cuda.max_memory_reserved()
+    return {"peak_mib": mib(peak - base), "final_mib": mib(final - base)}
+
+
+def capture_reset_cycles(lib, cycles):
+    """Capture ``y = (x * 2.0).sum()`` on a 1 MiB input with a 4 MiB
+    temporary allocated and freed inside the capture, then reset the graph,
+    ``cycles`` times: reserved growth after gc.collect(), with no
+    empty_cache() of ours (PyTorch's graph() empties the cache on entry)."""
+    x = lib.ones(MIB // 4, dtype=lib.float32, device="cuda")
+
+    def body():
+        tmp = lib.ones(MIB, dtype=lib.float32, device="cuda")        # 4 MiB, freed inside the capture
+        del tmp
+        return (x * 2.0).sum()
+    body()                                                              # compiles the kernels
+    before = settle(lib)
+    for _ in range(cycles):
+        g = lib.cuda.CUDAGraph()
+        with lib.cuda.graph(g):
+            y = body()
+        g.reset()
+        del g, y
+    lib.cuda.synchronize()
+    gc.collect()
+    return {"reserved_mib": mib(lib.cuda.memory_reserved() - before)}
+
+
+def memory_rows(quick, torch):
+    """Reserved device memory of tensorplay and PyTorch on the same work."""
+    libraries = [("tensorplay", tp)] + ([("PyTorch", torch)] if torch is not None else [])
+    eager_sizes = [MIB, 4 * MIB, 16 * MIB] if quick else [64 << 10, MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB,
+                                                          64 * MIB]
+    for nbytes in eager_sizes:
+        memory_case(f"eager y = x * 2.0; del y (200x), x {size_label(nbytes)}", libraries, eager_loop, nbytes, 200)
+    for nbytes in (4 * MIB, 16 * MIB):
+        memory_case(f"1 graph of 16x (x * 1.0001 + 1), {size_label(nbytes)}", libraries, chained_graphs,
+                    nbytes, 1, 16, False)
+    for n in (2, 4):
+        for nbytes in (4 * MIB, 16 * MIB):
+            for shared, pools in ((False, "private pools"), (True, "one shared pool")):
+                memory_case(f"{n} chained graphs of 4x (x * 1.0001 + 1), {size_label(nbytes)}, {pools}",
+                            libraries, chained_graphs, nbytes, n, 4, shared)
+    steps = 1000 if quick else 3000
+    memory_case(f"random {steps} allocs/frees, 512 B-64 MiB, seed 0", libraries, random_allocations,
+                random_alloc_steps(steps))
+    memory_case("100 capture + reset cycles, 1 MiB input + 4 MiB temporary", libraries, capture_reset_cycles, 100)
+
+
 # ---------------------------------------------------------------- output
 
 def print_table():
+    """The timing table, then the memory table."""
+    timed = [r for r in RESULTS if r["section"] != "memory"]
+    if timed:
+        print_timing_table(timed)
+    print_memory_table([r for r in RESULTS if r["section"] == "memory"])
+
+
+def print_timing_table(rows):
     print(f"{'section':<9} {'case':<20} {'library':<52} {'host us':>10} {'latency us':>11}  note")
-    for r in RESULTS:
+    for r in rows:
         h = f"{r['host_us']:.2f}" if r["host_us"] is not None else "-"
         lat = f"{r['latency_us']:.1f}" if r["latency_us"] is not None else "-"
         note = r["error"] or (f"{r['extra']:.0f} launches/s" if r["extra"] else "")
         print(f"{r['section']:<9} {r['case']:<20} {r['library']:<52} {h:>10} {lat:>11}  {note}")
+
+
+def _mib_cell(value):
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def print_memory_table(rows):
+    """One line per case and figure: tensorplay MiB, PyTorch MiB, their
+    difference and ratio; a library's error goes in the case's first note."""
+    if not rows:
+        return
+    by_case = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["library"]] = r
+    print()
+    print(f"{'memory: reserved MiB':<76} {'tensorplay':>10} {'PyTorch':>10} {'tp - PT':>9} {'tp / PT':>8}  note")
+    for case, libs in by_case.items():
+        tpr, ptr = libs.get("tensorplay", {}), libs.get("PyTorch", {})
+        figures = [(key, label) for key, label in MEMORY_FIGURES
+                   if tpr.get(key) is not None or ptr.get(key) is not None] or MEMORY_FIGURES[:1]
+        note = "; ".join(f"{name}: {r['error']}" for name, r in libs.items() if r.get("error"))
+        for key, label in figures:
+            a, b = tpr.get(key), ptr.get(key)
+            diff = f"{a - b:+.2f}" if a is not None and b is not None else "-"
+            ratio = f"{a / b:.2f}" if a is not None and b is not None and b > 0 else "-"
+            print(f"{case + ': ' + label:<76} {_mib_cell(a):>10} {_mib_cell(b):>10} {diff:>9} {ratio:>8}  {note}")
+            note = ""
+    print(MEMORY_LEGEND)
 
 
 def write_chart(path):
@@ -444,6 +672,9 @@ def write_chart(path):
         print("matplotlib not installed: no chart")
         return
     rows = [r for r in RESULTS if r["section"] in ("replay", "staging") and r["host_us"] is not None]
+    if not rows:
+        print("no replay or staging rows: no chart")
+        return
     cases = list(dict.fromkeys((r["section"], r["case"]) for r in rows))
     libs = list(dict.fromkeys(r["library"] for r in rows))
     fig, ax = plt.subplots(figsize=(max(8, len(cases) * 1.4), 5))
@@ -461,11 +692,29 @@ def write_chart(path):
     fig.savefig(path, dpi=120)
 
 
+SECTIONS = ("memory", "replay", "staging", "while", "threads", "capture", "eager")
+
+
+def parse_sections(only, ap):
+    """The sections ``--only`` names (comma-separated), in SECTIONS' order; all when not given."""
+    if only is None:
+        return list(SECTIONS)
+    names = [s.strip() for s in only.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown or not names:
+        ap.error(f"--only: unknown section(s) {', '.join(unknown) or '(none given)'}; "
+                 f"choose from {', '.join(SECTIONS)}")
+    return [s for s in SECTIONS if s in names]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    ap.add_argument("--only", metavar="SECTIONS",
+                    help=f"comma-separated sections to run, of {','.join(SECTIONS)} (default: all, memory first)")
     ap.add_argument("--out", default="compare_results")
     args = ap.parse_args()
+    sections = parse_sections(args.only, ap)
     if not tp.cuda.is_available():
         print(f"compare.py needs a CUDA GPU ({tp.cuda.unavailable_reason()})")
         return 0
@@ -481,17 +730,26 @@ def main():
     repeats = 7 if quick else 31
     calls = 100
     t0 = time.perf_counter()
-    replay_rows([1, 10, 100] if quick else [1, 10, 100, 1000], calls, repeats, torch, cp)
-    staging_rows([1, 8, 32, 128], calls, repeats, torch)
-    while_rows([10, 1000], repeats)
-    thread_rows([1, 2, 4, 8], 2000 if quick else 20000)
-    capture_rows([10, 100] if quick else [10, 100, 1000], 3 if quick else 7, torch)
-    eager_rows(calls, repeats, torch, cp)
+    if "memory" in sections:        # first: before the other sections allocate
+        memory_rows(quick, torch)
+    if "replay" in sections:
+        replay_rows([1, 10, 100] if quick else [1, 10, 100, 1000], calls, repeats, torch, cp)
+    if "staging" in sections:
+        staging_rows([1, 8, 32, 128], calls, repeats, torch)
+    if "while" in sections:
+        while_rows([10, 1000], repeats)
+    if "threads" in sections:
+        thread_rows([1, 2, 4, 8], 2000 if quick else 20000)
+    if "capture" in sections:
+        capture_rows([10, 100] if quick else [10, 100, 1000], 3 if quick else 7, torch)
+    if "eager" in sections:
+        eager_rows(calls, repeats, torch, cp)
     elapsed = time.perf_counter() - t0
     meta = {"date": datetime.date.today().isoformat(), "gpu": tp.cuda.get_device_name(0),
             "driver": ".".join(map(str, tp.cuda.driver_version())), "tensorplay": tp.__version__,
             "torch": getattr(torch, "__version__", None), "cupy": getattr(cp, "__version__", None),
-            "python": sys.version.split()[0], "elapsed_s": round(elapsed, 1), "quick": quick}
+            "python": sys.version.split()[0], "elapsed_s": round(elapsed, 1), "quick": quick,
+            "sections": sections}
     print_table()
     print(json.dumps(meta))
     with open(args.out + ".json", "w") as f:

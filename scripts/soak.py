@@ -5,12 +5,18 @@ repository root (e.g. ``cd scripts && python soak.py``):
     python soak.py [--cycles 10000] [--threads 8] [--replays 10000] [--out soak.json]
 
 1. ``cycles`` capture/replay/reset cycles of a graph with an IF node and a
-   WHILE node and allocations inside the capture; every replay's result is
-   checked. Afterwards ``memory_reserved()`` (after ``empty_cache()``) and the
-   counts of live driver objects must equal their values before.
+   WHILE node and allocations inside the capture, on a 256-element input;
+   after every fourth of them one more cycle of the same graph on a 1, 4, 16
+   or 64 MiB input (in turn) with a temporary of that size allocated and
+   freed inside the capture. Every replay's result is checked. After the
+   cycles (``gc.collect()``, no ``empty_cache()``) ``memory_reserved()`` must
+   not exceed its value after the first round of sizes by more than one
+   segment of the largest size; after ``empty_cache()`` it and the counts of
+   live driver objects must equal their values before.
 2. ``threads`` threads each replay their own graph ``replays`` times on their
-   own stream, while two more threads capture and replay in ``thread_local``
-   mode over and over; every result is checked.
+   own stream, while two more threads capture, replay and reset in
+   ``thread_local`` mode over and over, on 64-element and 1-64 MiB inputs in
+   turn; every result is checked.
 Exit status 0 only when every check held.
 """
 
@@ -27,6 +33,21 @@ import traceback
 import tensorplay as tp
 from tensorplay.cuda import CUDAGraph
 
+MiB = 1 << 20
+SIZES_MIB = (1, 4, 16, 64)          # the sized cycles' inputs, float32, in turn
+SIZED_EVERY = 4                     # one sized cycle after every 4 small ones
+
+
+def _segment_bytes(nbytes):
+    """The segment the allocator's (PyTorch's) policy creates for a request of
+    ``nbytes``: 2 MiB up to 1 MiB, 20 MiB under 10 MiB, else its own rounded to 2 MiB."""
+    r = max(512, -(-nbytes // 512) * 512)
+    if r <= MiB:
+        return 2 * MiB
+    if r < 10 * MiB:
+        return 20 * MiB
+    return -(-r // (2 * MiB)) * (2 * MiB)
+
 
 def baseline():
     gc.collect()
@@ -35,13 +56,18 @@ def baseline():
     return tp.cuda.memory_reserved(), tp.cuda.live_driver_objects()
 
 
-def one_cycle(x, flag, limit, counter):
-    """Capture: y = x * 2; if flag: y += 1; while counter < limit: counter += 1.
-    Replay twice and check."""
+def one_cycle(x, flag, limit, counter, temporary=False):
+    """Capture: y = x * 2; if flag: y += 1; while counter < limit: counter += 1
+    (with ``temporary``, also t = x * 0 allocated, added to y and freed inside
+    the capture). Replay twice and check the first and last element."""
     g = CUDAGraph()
     p = tp.empty(1, dtype=tp.bool, device="cuda")
     with tp.cuda.graph(g):
         y = x * 2
+        if temporary:
+            t = x * 0.0
+            y.add_(t)
+            del t
         g.begin_capture_to_if_node(flag)
         y.add_(1)
         g.end_capture_to_conditional_node()
@@ -54,31 +80,54 @@ def one_cycle(x, flag, limit, counter):
     for _ in range(2):
         g.replay()
     want_y = float(x[0].item()) * 2 + (1 if flag.item() else 0)
-    ok = y[0].item() == want_y and counter.item() == limit.item()
+    ok = (y[0].item() == want_y and y[-1].item() == want_y and
+          counter.item() == limit.item())
+    del y
     g.reset()
     return ok
 
 
 def cycles_phase(n):
     x = tp.full((256,), 3.0, device="cuda")
+    sized = [tp.full((mib * MiB // 4,), 3.0, device="cuda") for mib in SIZES_MIB]
     flag = tp.ones(1, dtype=tp.bool, device="cuda")
     limit = tp.full((1,), 5, dtype=tp.int32, device="cuda")
     counter = tp.zeros(1, dtype=tp.int32, device="cuda")
     one_cycle(x, flag, limit, counter)          # kernels compiled and loaded before the baseline
+    for xs in sized:
+        one_cycle(xs, flag, limit, counter, temporary=True)
     reserved0, live0 = baseline()
     bad = 0
+    n_sized = 0
+    reserved_first = None            # after the first sized cycle of each size
     t0 = time.perf_counter()
     for k in range(n):
         flag.fill_(k % 2)
         limit.fill_(k % 7)
         if not one_cycle(x, flag, limit, counter):
             bad += 1
+        if k % SIZED_EVERY == SIZED_EVERY - 1:
+            if not one_cycle(sized[n_sized % len(sized)], flag, limit, counter, temporary=True):
+                bad += 1
+            n_sized += 1
+            if n_sized == len(sized):
+                gc.collect()
+                reserved_first = tp.cuda.memory_reserved()
     elapsed = time.perf_counter() - t0
+    gc.collect()
+    reserved_cycles = tp.cuda.memory_reserved()          # before any empty_cache
+    if reserved_first is None:                           # fewer cycles than one round of sizes
+        reserved_first = reserved_cycles
+    slack = _segment_bytes(max(SIZES_MIB) * MiB)         # one segment of the largest size
     reserved1, live1 = baseline()
-    return {"cycles": n, "wrong_results": bad, "seconds": round(elapsed, 1),
-            "reserved_before": reserved0, "reserved_after": reserved1,
+    return {"cycles": n, "sized_cycles": n_sized, "sizes_mib": list(SIZES_MIB),
+            "wrong_results": bad, "seconds": round(elapsed, 1),
+            "reserved_before": reserved0, "reserved_after_first_sizes": reserved_first,
+            "reserved_after_cycles": reserved_cycles, "reserved_slack": slack,
+            "reserved_after": reserved1,
             "live_before": live0, "live_after": live1,
-            "ok": bad == 0 and reserved0 == reserved1 and live0 == live1}
+            "ok": (bad == 0 and reserved_cycles <= reserved_first + slack and
+                   reserved0 == reserved1 and live0 == live1)}
 
 
 def _where():
@@ -88,6 +137,8 @@ def _where():
 
 
 def threads_phase(n_threads, replays, n_captures=200):
+    # the capturing threads' inputs, in turn: 64 elements, then 1-64 MiB
+    capture_sizes = (64,) + tuple(mib * MiB // 4 for mib in SIZES_MIB)
     errors = []
     graphs = []
     for k in range(n_threads):
@@ -117,17 +168,21 @@ def threads_phase(n_threads, replays, n_captures=200):
         try:
             s = tp.cuda.Stream()
             with tp.cuda.stream(s):
-                a = tp.full((64,), float(k), device="cuda")
-                b = a * 2 + 1                    # kernels compiled and loaded before capturing
-                b[0].item()
+                inputs = [tp.full((size,), float(k), device="cuda") for size in capture_sizes]
+                for a in inputs:                         # kernels compiled and loaded before capturing
+                    b = a * 2 + 1
+                    b[0].item()
                 start.wait()
                 for i in range(n_captures):
+                    a = inputs[i % len(inputs)]
                     g = CUDAGraph()
                     with tp.cuda.graph(g, capture_error_mode="thread_local"):
-                        b = a * 2 + i
+                        b = a * 2 + i                    # a temporary (a * 2) freed inside the capture
                     g.replay()
-                    if b[0].item() != 2 * k + i:
-                        errors.append(f"capturer {k} step {i}: {b[0].item()}")
+                    got = (b[0].item(), b[-1].item())
+                    if got != (2 * k + i, 2 * k + i):
+                        errors.append(f"capturer {k} step {i} ({a.numel()} elements): {got}")
+                    del b
                     g.reset()
         except BaseException as exc:
             errors.append(f"capturer {k}: {exc!r} at {_where()}")

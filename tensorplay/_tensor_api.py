@@ -13,7 +13,6 @@ from . import _dtypes as dt
 from ._alloc import _allocate
 from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
 from ._device import as_device, device as _device_cls
-from ._graph import note_capture_use
 from ._ops import _kernels
 from ._stream import Event, current_stream, current_stream_handle_of
 from ._tensor import TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
@@ -342,7 +341,6 @@ def copy_into(dst, src):
         np.copyto(dst._array_, host, casting="unsafe")
         return dst
     dev = dst._device_index_
-    note_capture_use(dst, src)
     if src.is_cpu:
         host = src._array_
         if src.shape == shape and dst.is_contiguous():
@@ -398,7 +396,6 @@ def _fill_scalar(t, value):
     if t.is_cpu:
         t._array_[...] = value
         return t
-    note_capture_use(t)
     if d.kind == "f":
         kind, v = "f", float(value)
     else:
@@ -579,7 +576,6 @@ class Tensor(TensorBase):
     def zero_(self):
         """Fill with zeros in place (cuMemsetD8Async when contiguous)."""
         if self.is_cuda and self.is_contiguous():
-            note_capture_use(self)
             dev = self._device_index_
             memset_d8_async(self.data_ptr(), 0, self.nbytes, dev, current_stream_handle_of(dev))
             return self

@@ -434,7 +434,7 @@ def test_graph_keeps_the_storage_of_deleted_inputs_and_outputs_alive():
     with tp.cuda.graph(g):
         y = x * w
         total = y.sum()
-    assert g.kept_storages >= 3
+    assert g.kept_storages == 2          # w and x; y and total live in the graph's own pool
     total_ptr = total.data_ptr()
     del w, x, y
     gc.collect()

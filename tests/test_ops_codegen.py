@@ -243,10 +243,10 @@ def test_launch_plans_allocate_outputs_and_check_scalar_ranges(monkeypatch):
 
 
 def test_ops_under_capture_register_their_storages(monkeypatch):
-    """While a capture is open on this thread, every op hands the storages it
-    touches to the capturing graph (kept until reset); otherwise nothing."""
-    from tensorplay import _graph
-    from tensorplay.cuda import CUDAGraph
+    """While a capture is open on this thread, every pointer an op takes from a
+    tensor hands its storage to the capture (the graph keeps what comes from
+    outside its pool until reset); otherwise nothing is registered."""
+    from tensorplay._alloc import DeviceAllocator, FakeBackend
     monkeypatch.setattr(_kernels, "cached_function", lambda key, dev, make: _Recorder(key, []))
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
 
@@ -259,18 +259,14 @@ def test_ops_under_capture_register_their_storages(monkeypatch):
         return t
     a, b = fake_with_storage((4,), tp.float32, 0x10000), fake_with_storage((4,), tp.float32, 0x20000)
     out = fake_with_storage((4,), tp.float32, 0x30000)
-    g = CUDAGraph()
-    _elementwise.apply("add", a, b, out=out)
-    assert g.kept_storages == 0
-    _graph.begin_tracking(g)
+    alloc = DeviceAllocator(0, FakeBackend())
+    state = alloc.begin_capture(1, 1, 0x100)
     try:
         _elementwise.apply("add", a, b, out=out)             # full path
         _elementwise.apply("add", a, b, out=out)             # launch plan
         _elementwise.where(fake_with_storage((4,), tp.bool, 0x40000), a, 1.0, out=out)
     finally:
-        _graph.end_tracking()
-    assert g.kept_storages == 4
+        kept = alloc.end_capture(state)
+    assert len(kept) == 4
     _elementwise.apply("mul", a, b, out=out)
-    assert g.kept_storages == 4                               # nothing after the capture
-    g.reset()
-    assert g.kept_storages == 0
+    assert state.kept == 0                                    # nothing after the capture

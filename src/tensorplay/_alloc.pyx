@@ -1,27 +1,62 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Caching device allocator: size classes, block splitting, stream-ordered
-reuse, private pools for graph capture."""
+"""Caching device allocator: PyTorch's block policy (size classes, segments,
+splitting, best fit by stream and size, merging), stream-ordered reuse with
+record_stream events, and private pools for graph capture.
+
+The policy is written once, over a ``Backend`` that hands out segments and
+events: ``DriverBackend`` (cuMemAlloc, cuEventRecord, ...) on a GPU, or
+``FakeBackend`` (address ranges and events a test completes) anywhere, so the
+policy is tested on machines without a GPU.
+
+Capture rules (see DESIGN.md): allocations on a capture's streams come from
+its pool; a block freed during the capture goes back to the pool at once,
+except a block the capture used on another stream (reusable after the
+capture ends) and a block allocated before an open conditional body and freed
+inside it (reusable after that body ends: a WHILE body runs again). No event
+is queried or recorded while any capture is open: blocks freed with
+record_stream then wait until no capture is open.
+"""
 
 cimport cython
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cuda.bindings cimport cydriver
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uintptr_t, SIZE_MAX
 from libcpp.map cimport map as cmap
 from libcpp.pair cimport pair
+from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref, preincrement as preinc
 
 from tensorplay._cuda cimport check, ensure_context, validate_device, MAX_DEVICES
+from tensorplay._stream cimport current_stream_handle
 from tensorplay._cuda import OutOfMemoryError, make_error, device_index as _device_index
 
 import itertools
+import threading
 
+# PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp)
 cdef size_t ROUND = 512                     # every size is a multiple of this
 cdef size_t SMALL_SIZE = 1 << 20            # requests up to 1 MiB share small segments
 cdef size_t SMALL_SEGMENT = 2 << 20
 cdef size_t MIN_LARGE_ALLOC = 10 << 20      # requests under this share 20 MiB segments
 cdef size_t LARGE_SEGMENT = 20 << 20
-cdef size_t LARGE_ROUND = 2 << 20
-cdef size_t MIN_LARGE_SPLIT_REMAINDER = SMALL_SIZE
+cdef size_t LARGE_ROUND = 2 << 20           # larger requests get a segment rounded to this
+
+# indices of the Stat arrays
+cdef enum:
+    ALL = 0
+    SMALL = 1
+    LARGE = 2
+
+# Captures open in the process (all devices): while any is, no event is
+# queried or recorded and no memory is freed (either would break a
+# global-mode capture).
+cdef int g_open_captures = 0
+cdef object _capture_serials = itertools.count(1)
+cdef object _tls = threading.local()         # .captures: this thread's open captures, innermost last
+
+
+cdef int open_capture_count() noexcept nogil:
+    return g_open_captures
 
 
 cdef inline size_t round_size(size_t n) noexcept nogil:
@@ -30,12 +65,37 @@ cdef inline size_t round_size(size_t n) noexcept nogil:
     return (n + ROUND - 1) // ROUND * ROUND
 
 
+cdef inline size_t segment_size(size_t rsize) noexcept nogil:
+    if rsize <= SMALL_SIZE:
+        return SMALL_SEGMENT
+    if rsize < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return (rsize + LARGE_ROUND - 1) // LARGE_ROUND * LARGE_ROUND
+
+
 cdef inline FreeKey free_key(Block* b) noexcept nogil:
-    return FreeKey(<uintptr_t>b.stream, pair[size_t, uintptr_t](b.size, <uintptr_t>b.ptr))
+    return FreeKey(b.stream, pair[size_t, uintptr_t](b.size, <uintptr_t>b.ptr))
 
 
 cdef inline bint _mergeable(Block* n) noexcept:
-    return n != NULL and not n.allocated and n.pending_events == 0
+    return n != NULL and not n.allocated and n.holds == 0
+
+
+cdef inline void stat_add(Stat* s, int kind, long long delta) noexcept:
+    """Add ``delta`` to the 'all' entry and to the small or large entry."""
+    cdef int i
+    for i in (ALL, kind):
+        s[i].current += delta
+        if delta > 0:
+            s[i].allocated += delta
+            if s[i].current > s[i].peak:
+                s[i].peak = s[i].current
+        else:
+            s[i].freed -= delta
+
+
+cdef inline int kind_of(Block* b) noexcept:
+    return SMALL if b.small else LARGE
 
 
 cdef Block* _absorb_next(Block* b, cmap[FreeKey, Block*]* m) noexcept:
@@ -62,196 +122,47 @@ def graph_pool_handle():
     return next(_pool_ids)
 
 
-cdef class Pool:
-    """A set of segments and free blocks; id 0 is a device's default pool."""
+# ------------------------------------------------------------------ backends
 
-    def __cinit__(self, long long id, int device):
-        self.id = id
-        self.device = device
-        self.graph_refs = 0
-        self.live_blocks = 0
-        self.segments = 0
-        self.reserved_bytes = 0
+cdef class Backend:
+    """Segments and events for one device's allocator (abstract)."""
 
-    cdef cmap[FreeKey, Block*]* free_map(self, bint small) noexcept:
-        return &self.small_free if small else &self.large_free
+    cdef cydriver.CUresult malloc(self, cydriver.CUdeviceptr* ptr, size_t n) except? cydriver.CUDA_ERROR_UNKNOWN:
+        raise NotImplementedError
 
-    def __repr__(self):
-        return (f"<Pool id={self.id} device={self.device} graph_refs={self.graph_refs} "
-                f"live_blocks={self.live_blocks} reserved={self.reserved_bytes}>")
+    cdef int free(self, cydriver.CUdeviceptr ptr) except -1:
+        raise NotImplementedError
+
+    cdef uintptr_t create_event(self) except? 0:
+        raise NotImplementedError
+
+    cdef int record_event(self, uintptr_t event, uintptr_t stream) except -1:
+        raise NotImplementedError
+
+    cdef bint event_done(self, uintptr_t event, bint wait) noexcept:
+        return True
+
+    cdef void destroy_event(self, uintptr_t event) noexcept:
+        pass
+
+    cdef int synchronize(self) except -1:
+        raise NotImplementedError
+
+    cdef unsigned long long capture_id(self, uintptr_t stream) except? 0:
+        return 0
+
+    cdef tuple mem_info(self):
+        return (0, 0)
 
 
-cdef class DeviceAllocator:
-    """The caching allocator of one device."""
+@cython.final
+cdef class DriverBackend(Backend):
+    """The CUDA driver: cuMemAlloc/cuMemFree segments, cuEvent* events."""
 
     def __cinit__(self, int device):
         self.device = device
-        self.default_pool = Pool(0, device)
-        self.pools = {0: self.default_pool}
-        self.routes = []
-        self.pending = []
 
-    # -------------------------------------------------------------- pools
-
-    def get_pool(self, long long pool_id, bint create=True):
-        p = self.pools.get(pool_id)
-        if p is None and create:
-            p = Pool(pool_id, self.device)
-            self.pools[pool_id] = p
-        return p
-
-    cdef Pool route(self, cydriver.CUstream stream):
-        """The pool an allocation on ``stream`` goes to (a capture's private pool
-        when ``stream`` is capturing into a routed capture)."""
-        cdef cydriver.CUstreamCaptureStatus status
-        cdef cydriver.cuuint64_t cid = 0
-        if not self.routes:
-            return self.default_pool
-        with nogil:
-            check(cydriver.cuStreamGetCaptureInfo(stream, &status, &cid, NULL, NULL, NULL, NULL))
-        if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-            for capture_id, pool in self.routes:
-                if capture_id == cid:
-                    return pool
-        return self.default_pool
-
-    def begin_allocate_to_pool(self, long long pool_id, unsigned long long capture_id):
-        """Route allocations made on streams of capture ``capture_id`` to ``pool_id``."""
-        pool = self.get_pool(pool_id)
-        self.routes.append((capture_id, pool))
-        return pool
-
-    def end_allocate_to_pool(self, unsigned long long capture_id):
-        self.routes = [r for r in self.routes if r[0] != capture_id]
-
-    def retain_pool(self, long long pool_id):
-        cdef Pool p = self.get_pool(pool_id)
-        p.graph_refs += 1
-        return p
-
-    def release_pool(self, long long pool_id):
-        """Drop a graph's hold on a pool; its memory returns to the device at the
-        next empty_cache once no tensor from it is alive."""
-        cdef Pool p = self.pools.get(pool_id)
-        if p is None:
-            return
-        if p.graph_refs > 0:
-            p.graph_refs -= 1
-        self._maybe_forget(p)
-
-    cdef void _maybe_forget(self, Pool p) noexcept:
-        if p.id != 0 and p.graph_refs == 0 and p.live_blocks == 0 and p.segments == 0:
-            self.pools.pop(p.id, None)
-
-    # -------------------------------------------------------------- events
-
-    cdef int process_events(self, bint wait) except -1:
-        """Return blocks whose record_stream events completed to their free lists."""
-        cdef cydriver.CUevent ev
-        cdef cydriver.CUresult r
-        cdef Block* b
-        if not self.pending:
-            return 0
-        still = []
-        for ev_int, block_int, pool in self.pending:
-            ev = <cydriver.CUevent><uintptr_t>ev_int
-            if wait:
-                with nogil:
-                    r = cydriver.cuEventSynchronize(ev)
-            else:
-                r = cydriver.cuEventQuery(ev)
-            if r == cydriver.CUDA_ERROR_NOT_READY:
-                still.append((ev_int, block_int, pool))
-                continue
-            cydriver.cuEventDestroy(ev)
-            b = <Block*><uintptr_t>block_int
-            b.pending_events -= 1
-            if b.pending_events == 0:
-                self.insert_free(b, <Pool>pool)
-        self.pending = still
-        return 0
-
-    # -------------------------------------------------------------- malloc/free
-
-    cdef Block* malloc_block(self, size_t size, cydriver.CUstream stream, Pool pool) except NULL:
-        cdef size_t rsize = round_size(size)
-        cdef bint small = rsize <= SMALL_SIZE
-        cdef Block* b = self.find_free(rsize, stream, pool, small)
-        if b == NULL and self.pending:
-            self.process_events(False)
-            b = self.find_free(rsize, stream, pool, small)
-        if b == NULL:
-            b = self.new_segment(rsize, stream, pool, small)
-        self.split(b, rsize, pool)
-        b.allocated = True
-        pool.live_blocks += 1
-        self.allocated += b.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-        self.n_allocs += 1
-        self.n_active += 1
-        return b
-
-    cdef Block* find_free(self, size_t rsize, cydriver.CUstream stream, Pool pool, bint small) noexcept:
-        cdef cmap[FreeKey, Block*]* m = pool.free_map(small)
-        cdef FreeKey key = FreeKey(<uintptr_t>stream, pair[size_t, uintptr_t](rsize, 0))
-        cdef cmap[FreeKey, Block*].iterator it = m.lower_bound(key)
-        if it == m.end():
-            return NULL
-        if deref(it).first.first != <uintptr_t>stream:
-            return NULL
-        cdef Block* b = deref(it).second
-        if not small and b.size >= MIN_LARGE_ALLOC and rsize < MIN_LARGE_ALLOC:
-            # keep huge segments for huge requests instead of carving them up
-            return NULL
-        m.erase(it)
-        return b
-
-    cdef Block* new_segment(self, size_t rsize, cydriver.CUstream stream, Pool pool, bint small) except NULL:
-        cdef size_t seg
-        if small:
-            seg = SMALL_SEGMENT
-        elif rsize < MIN_LARGE_ALLOC:
-            seg = LARGE_SEGMENT
-        else:
-            seg = (rsize + LARGE_ROUND - 1) // LARGE_ROUND * LARGE_ROUND
-        cdef cydriver.CUdeviceptr ptr = 0
-        cdef cydriver.CUresult r = self.raw_alloc(&ptr, seg)
-        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY and not self.routes:
-            # free what the cache holds and try once more (never under a
-            # capture: cuMemFree would invalidate it)
-            self.release_cached()
-            r = self.raw_alloc(&ptr, seg)
-        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
-            self.n_ooms += 1
-            free_b, total_b = _mem_info(self.device)
-            raise OutOfMemoryError(
-                description=(f"tried to allocate {_fmt(rsize)} on cuda:{self.device} "
-                             f"({_fmt(free_b)} free of {_fmt(total_b)}; "
-                             f"{_fmt(self.allocated)} allocated and {_fmt(self.reserved)} "
-                             f"reserved by tensorplay)"))
-        check(r)
-        cdef Block* b = <Block*>PyMem_Malloc(sizeof(Block))
-        if b == NULL:
-            cydriver.cuMemFree(ptr)
-            raise MemoryError()
-        b.ptr = ptr
-        b.size = seg
-        b.stream = stream
-        b.prev = NULL
-        b.next = NULL
-        b.allocated = False
-        b.small = small
-        b.pending_events = 0
-        pool.segments += 1
-        pool.reserved_bytes += seg
-        self.reserved += seg
-        if self.reserved > self.peak_reserved:
-            self.peak_reserved = self.reserved
-        self.n_segment_allocs += 1
-        return b
-
-    cdef cydriver.CUresult raw_alloc(self, cydriver.CUdeviceptr* ptr, size_t n) except? cydriver.CUDA_ERROR_UNKNOWN:
+    cdef cydriver.CUresult malloc(self, cydriver.CUdeviceptr* ptr, size_t n) except? cydriver.CUDA_ERROR_UNKNOWN:
         cdef cydriver.CUresult r
         cdef cydriver.CUstreamCaptureMode mode = cydriver.CU_STREAM_CAPTURE_MODE_RELAXED
         with nogil:
@@ -263,58 +174,719 @@ cdef class DeviceAllocator:
             check(cydriver.cuThreadExchangeStreamCaptureMode(&mode))
         return r
 
+    cdef int free(self, cydriver.CUdeviceptr ptr) except -1:
+        with nogil:
+            ensure_context(self.device)
+            check(cydriver.cuMemFree(ptr))
+        return 0
+
+    cdef uintptr_t create_event(self) except? 0:
+        cdef cydriver.CUevent ev = NULL
+        with nogil:
+            ensure_context(self.device)
+            check(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING))
+        return <uintptr_t>ev
+
+    cdef int record_event(self, uintptr_t event, uintptr_t stream) except -1:
+        with nogil:
+            ensure_context(self.device)
+            check(cydriver.cuEventRecord(<cydriver.CUevent>event, <cydriver.CUstream>stream))
+        return 0
+
+    cdef bint event_done(self, uintptr_t event, bint wait) noexcept:
+        # an error (a dead context) counts as done: nothing runs there any more
+        cdef cydriver.CUresult r
+        if wait:
+            with nogil:
+                r = cydriver.cuEventSynchronize(<cydriver.CUevent>event)
+        else:
+            r = cydriver.cuEventQuery(<cydriver.CUevent>event)
+        return r != cydriver.CUDA_ERROR_NOT_READY
+
+    cdef void destroy_event(self, uintptr_t event) noexcept:
+        cydriver.cuEventDestroy(<cydriver.CUevent>event)
+
+    cdef int synchronize(self) except -1:
+        with nogil:
+            ensure_context(self.device)
+            check(cydriver.cuCtxSynchronize())
+        return 0
+
+    cdef unsigned long long capture_id(self, uintptr_t stream) except? 0:
+        cdef cydriver.CUstreamCaptureStatus status
+        cdef cydriver.cuuint64_t cid = 0
+        with nogil:
+            ensure_context(self.device)
+            check(cydriver.cuStreamGetCaptureInfo(<cydriver.CUstream>stream, &status, &cid,
+                                                  NULL, NULL, NULL, NULL))
+        return cid if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE else 0
+
+    cdef tuple mem_info(self):
+        cdef size_t f = 0, t = 0
+        try:
+            ensure_context(self.device)
+            if cydriver.cuMemGetInfo(&f, &t) != cydriver.CUDA_SUCCESS:
+                return (0, 0)
+        except Exception:
+            return (0, 0)
+        return (f, t)
+
+
+@cython.final
+cdef class FakeBackend(Backend):
+    """Address ranges and events without a GPU, for testing the block policy.
+
+    Segments come from a counter (never reused) up to ``capacity`` bytes.
+    An event is done once the test calls ``complete(stream)`` or
+    ``complete_all()``, or the allocator waits for it. ``set_capturing``
+    makes a stream report a capture id. Every event query, record and free
+    made while a capture is open is counted, so tests can assert there are none.
+    """
+    cdef readonly size_t capacity, used
+    cdef uintptr_t next_addr
+    cdef long long next_event
+    cdef readonly dict segments          # address -> size
+    cdef readonly dict events            # event -> [stream, recorded, done]
+    cdef dict capturing                  # stream -> capture id
+    cdef readonly long long calls_during_capture
+    cdef readonly long long mallocs, frees
+
+    def __cinit__(self, size_t capacity=(80 << 30), int device=0):
+        self.device = device
+        self.capacity = capacity
+        self.used = 0
+        self.next_addr = 1 << 32
+        self.next_event = 1
+        self.segments = {}
+        self.events = {}
+        self.capturing = {}
+        self.calls_during_capture = 0
+        self.mallocs = 0
+        self.frees = 0
+
+    cdef void _note_call(self) noexcept:
+        if g_open_captures > 0 or self.capturing:
+            self.calls_during_capture += 1
+
+    cdef cydriver.CUresult malloc(self, cydriver.CUdeviceptr* ptr, size_t n) except? cydriver.CUDA_ERROR_UNKNOWN:
+        if self.used + n > self.capacity:
+            return cydriver.CUDA_ERROR_OUT_OF_MEMORY
+        ptr[0] = self.next_addr
+        self.segments[self.next_addr] = n
+        self.next_addr += (n + (2 << 20) - 1) // (2 << 20) * (2 << 20) + (2 << 20)    # gaps catch overruns
+        self.used += n
+        self.mallocs += 1
+        return cydriver.CUDA_SUCCESS
+
+    cdef int free(self, cydriver.CUdeviceptr ptr) except -1:
+        self._note_call()
+        n = self.segments.pop(ptr, None)
+        if n is None:
+            raise AssertionError(f"free of {ptr:#x}, which is not a live segment")
+        self.used -= n
+        self.frees += 1
+        return 0
+
+    cdef uintptr_t create_event(self) except? 0:
+        ev = self.next_event
+        self.next_event += 1
+        self.events[ev] = [0, False, True]
+        return ev
+
+    cdef int record_event(self, uintptr_t event, uintptr_t stream) except -1:
+        self._note_call()
+        self.events[event] = [stream, True, False]
+        return 0
+
+    cdef bint event_done(self, uintptr_t event, bint wait) noexcept:
+        self._note_call()
+        e = self.events.get(event)
+        if e is None:
+            return True
+        if wait:
+            e[2] = True
+        return e[2]
+
+    cdef void destroy_event(self, uintptr_t event) noexcept:
+        self.events.pop(event, None)
+
+    cdef int synchronize(self) except -1:
+        self.complete_all()
+        return 0
+
+    cdef unsigned long long capture_id(self, uintptr_t stream) except? 0:
+        return self.capturing.get(stream, 0)
+
+    cdef tuple mem_info(self):
+        return (self.capacity - self.used, self.capacity)
+
+    def set_capturing(self, uintptr_t stream, unsigned long long capture_id):
+        """Make ``stream`` report ``capture_id`` (0: not capturing)."""
+        if capture_id:
+            self.capturing[stream] = capture_id
+        else:
+            self.capturing.pop(stream, None)
+
+    def complete(self, uintptr_t stream):
+        """Finish the work recorded on ``stream`` so far."""
+        for e in self.events.values():
+            if e[0] == stream and e[1]:
+                e[2] = True
+
+    def complete_all(self):
+        for e in self.events.values():
+            e[2] = True
+
+    def recorded_events(self):
+        """Events recorded and not yet done."""
+        return sum(1 for e in self.events.values() if e[1] and not e[2])
+
+
+# ------------------------------------------------------------------ pools and captures
+
+cdef class Pool:
+    """A set of segments and free blocks; id 0 is a device's default pool."""
+
+    def __cinit__(self, long long id, int device):
+        self.id = id
+        self.device = device
+        self.graph_refs = 0
+        self.live_blocks = 0
+        self.held_blocks = 0
+        self.segments = 0
+        self.reserved_bytes = 0
+        self.allocated_bytes = 0
+        self.capture = None
+
+    cdef cmap[FreeKey, Block*]* free_map(self, bint small) noexcept:
+        return &self.small_free if small else &self.large_free
+
+    def __repr__(self):
+        return (f"<Pool id={self.id} device={self.device} graph_refs={self.graph_refs} "
+                f"live_blocks={self.live_blocks} segments={self.segments} reserved={self.reserved_bytes}>")
+
+
+@cython.final
+cdef class BodyFrame:
+    """An open conditional body of a capture: its stream and capture id, and
+    the blocks freed inside it that must wait until it ends."""
+
+    def __repr__(self):
+        return f"<BodyFrame stream={self.stream:#x} capture_id={self.capture_id}>"
+
+
+@cython.final
+cdef class CaptureState:
+    """One capture allocating into a pool: its routes, open bodies, deferred
+    blocks and the storages from outside the pool that its work uses."""
+
+    cdef uintptr_t key_stream(self, uintptr_t stream) noexcept:
+        """The stream blocks are keyed by: a body's stream counts as the
+        capture's root stream (its work is ordered with the root's)."""
+        if self.aliases:
+            return self.aliases.get(stream, stream)
+        return stream
+
+    @property
+    def kept(self):
+        return len(self.keepalive)
+
+    @property
+    def depth(self):
+        return len(self.bodies)
+
+    def __repr__(self):
+        return (f"<CaptureState pool={self.pool.id} capture_id={self.capture_id} "
+                f"stream={self.stream:#x} bodies={len(self.bodies)} ended={self.ended}>")
+
+
+cdef list _thread_captures():
+    stack = getattr(_tls, "captures", None)
+    if stack is None:
+        stack = []
+        _tls.captures = stack
+    return stack
+
+
+cdef int note_capture_use(object storage) except -1:
+    """Called wherever a device pointer leaves a tensor while a capture is open:
+    the innermost capture of this thread keeps ``storage`` alive if it comes
+    from outside its pool, and marks a pool block used on another stream."""
+    cdef CaptureState st
+    cdef DeviceAllocation da
+    cdef list stack = getattr(_tls, "captures", None)
+    if not stack:
+        return 0
+    st = <CaptureState>stack[len(stack) - 1]
+    while st.ended:                       # ended from another thread (the collector)
+        stack.pop()
+        if not stack:
+            return 0
+        st = <CaptureState>stack[len(stack) - 1]
+    if type(storage) is DeviceAllocation:
+        da = <DeviceAllocation>storage
+        if da.pool is st.pool:
+            if da.block != NULL and \
+                    st.key_stream(<uintptr_t>current_stream_handle(da.device)) != da.block.stream:
+                da.block.cross_capture = st.serial
+            return 0
+    st.keepalive[id(storage)] = storage
+    return 0
+
+
+def _note_capture_use(storage):
+    """Python access to note_capture_use (tests, the fake allocator)."""
+    if g_open_captures:
+        note_capture_use(storage)
+
+
+# ------------------------------------------------------------------ the allocator
+
+cdef class DeviceAllocator:
+    """The caching allocator of one device, over ``backend`` (default: the driver)."""
+
+    def __cinit__(self, int device, Backend backend=None):
+        self.device = device
+        self.backend = backend if backend is not None else DriverBackend(device)
+        self.default_pool = Pool(0, device)
+        self.pools = {0: self.default_pool}
+        self.captures = {}
+        self.freeable = set()
+        self.alloc_seq = 0
+
+    def __dealloc__(self):
+        # only fake allocators die (a device's allocator lives for the process)
+        for e in self.pending:
+            self.backend.destroy_event(e.event)
+        for ev in self.event_cache:
+            self.backend.destroy_event(ev)
+
+    # -------------------------------------------------------------- pools
+
+    def get_pool(self, long long pool_id, bint create=True):
+        p = self.pools.get(pool_id)
+        if p is None and create:
+            p = Pool(pool_id, self.device)
+            self.pools[pool_id] = p
+        return p
+
+    def retain_pool(self, long long pool_id):
+        cdef Pool p = self.get_pool(pool_id)
+        p.graph_refs += 1
+        return p
+
+    def release_pool(self, long long pool_id, replay_streams=()):
+        """Drop a graph's hold on a pool. Once no graph holds it and no tensor
+        uses it, its segments go back to the device (after the replays on
+        ``replay_streams`` finish; at once, or when no capture is open)."""
+        cdef Pool p = self.pools.get(pool_id)
+        if p is None:
+            return
+        if p.graph_refs > 0:
+            p.graph_refs -= 1
+        if p.graph_refs == 0:
+            for h in replay_streams:
+                try:
+                    ev = self._event_on(h)
+                except BaseException:      # cuMemFree's implicit synchronization still holds
+                    ev = 0
+                if ev:
+                    p.release_events.push_back(ev)
+        self.maybe_release(p)
+
+    cdef uintptr_t _event_on(self, uintptr_t stream) except? 0:
+        """A cached or new event recorded on ``stream``; 0 when none can be
+        recorded now (a capture open, or the stream capturing)."""
+        cdef uintptr_t ev
+        if g_open_captures > 0 or self.backend.capture_id(stream) != 0:
+            return 0
+        if self.event_cache.empty():
+            ev = self.backend.create_event()
+        else:
+            ev = self.event_cache.back()
+            self.event_cache.pop_back()
+        try:
+            self.backend.record_event(ev, stream)
+        except BaseException:
+            self.backend.destroy_event(ev)
+            raise
+        return ev
+
+    cdef void maybe_release(self, Pool pool) noexcept:
+        """Give an unused private pool's segments back and forget the pool."""
+        if pool.id == 0 or pool.graph_refs > 0 or pool.live_blocks > 0 or pool.held_blocks > 0 \
+                or pool.capture is not None:
+            return
+        if g_open_captures > 0:
+            self.freeable.add(pool.id)
+            return
+        self.freeable.discard(pool.id)
+        try:
+            self.free_segments(pool)
+        except BaseException:
+            return            # a driver error: the segments stay accounted for
+        if pool.segments == 0 and self.pools.get(pool.id) is pool:
+            del self.pools[pool.id]
+
+    cdef int release_freeable(self) except -1:
+        cdef Pool p
+        for pid in list(self.freeable):
+            self.freeable.discard(pid)
+            p = self.pools.get(pid)
+            if p is not None:
+                self.maybe_release(p)
+        return 0
+
+    # -------------------------------------------------------------- captures
+
+    def begin_capture(self, long long pool_id, unsigned long long capture_id, uintptr_t stream,
+                      bint track=True):
+        """Route allocations made on streams of capture ``capture_id`` to pool
+        ``pool_id`` and return the capture's state. ``track``: this thread's
+        pointer uses register with it (note_capture_use)."""
+        global g_open_captures
+        cdef Pool pool = self.get_pool(pool_id)
+        cdef CaptureState st
+        if pool.capture is not None:
+            other = pool.capture
+            raise RuntimeError(
+                f"capture_begin: memory pool {pool_id} is already being captured into (capture "
+                f"{other.capture_id} on stream {other.stream:#x}, thread {other.thread}); a pool takes "
+                f"one capture at a time: end that capture first, or capture into another pool")
+        st = CaptureState.__new__(CaptureState)
+        st.pool = pool
+        st.capture_id = capture_id
+        st.stream = stream
+        st.serial = next(_capture_serials)
+        st.bodies = []
+        st.aliases = {}
+        st.keepalive = {}
+        st.thread = threading.get_ident()
+        st.ended = False
+        pool.capture = st
+        self.captures[capture_id] = st
+        g_open_captures += 1
+        if track:
+            _thread_captures().append(st)
+        return st
+
+    def begin_body(self, CaptureState st not None, uintptr_t stream, unsigned long long capture_id):
+        """A conditional body of ``st`` starts capturing on ``stream``."""
+        cdef BodyFrame f = BodyFrame.__new__(BodyFrame)
+        f.stream = stream
+        f.capture_id = capture_id
+        f.open_seq = self.alloc_seq
+        st.bodies.append(f)
+        st.aliases[stream] = st.stream
+        self.captures[capture_id] = st
+
+    def end_body(self, CaptureState st not None):
+        """The innermost body of ``st`` ended: its deferred blocks become reusable."""
+        if not st.bodies:
+            return
+        cdef BodyFrame f = <BodyFrame>st.bodies.pop()
+        self._close_body(st, f)
+
+    cdef void _close_body(self, CaptureState st, BodyFrame f) noexcept:
+        cdef Block* b
+        self.captures.pop(f.capture_id, None)
+        st.aliases.pop(f.stream, None)
+        for b in f.deferred:
+            self.release_hold(b)
+        f.deferred.clear()
+
+    def end_capture(self, CaptureState st not None):
+        """End ``st`` (also with bodies still open: an aborted capture): stop
+        routing, make its deferred blocks reusable, and return the storages
+        from outside its pool that it used."""
+        global g_open_captures
+        cdef Block* b
+        if st.ended:
+            return {}
+        while st.bodies:
+            self._close_body(st, <BodyFrame>st.bodies.pop())
+        self.captures.pop(st.capture_id, None)
+        st.ended = True
+        st.pool.capture = None
+        g_open_captures -= 1
+        for b in st.deferred:
+            self.release_hold(b)
+        st.deferred.clear()
+        stack = getattr(_tls, "captures", None)
+        if stack:
+            for k in range(len(stack) - 1, -1, -1):
+                if stack[k] is st:
+                    del stack[k]
+                    break
+        if g_open_captures == 0:
+            for a in [self] + [x for x in _allocators if x is not None and x is not self]:
+                (<DeviceAllocator>a).record_stream_frees()
+                (<DeviceAllocator>a).release_freeable()
+        self.maybe_release(st.pool)
+        keep = st.keepalive
+        st.keepalive = {}
+        return keep
+
+    @property
+    def open_captures(self):
+        return len({id(s) for s in self.captures.values()})
+
+    cdef Pool route(self, uintptr_t stream, uintptr_t* key):
+        """The pool an allocation on ``stream`` comes from (a capture's pool
+        when ``stream`` captures into it), and the stream its block is keyed by."""
+        cdef CaptureState st
+        cdef unsigned long long cid
+        key[0] = stream
+        if not self.captures:
+            return self.default_pool
+        cid = self.backend.capture_id(stream)
+        if cid:
+            obj = self.captures.get(cid)
+            if obj is not None:
+                st = <CaptureState>obj
+                key[0] = st.key_stream(stream)
+                return st.pool
+        return self.default_pool
+
+    # -------------------------------------------------------------- events
+
+    cdef int process_events(self, bint wait) except -1:
+        """Make blocks whose record_stream events completed reusable (never
+        while a capture is open: a query would break it)."""
+        cdef vector[PendingEvent] todo
+        cdef vector[PendingEvent] still
+        cdef PendingEvent e
+        if self.pending.empty() or g_open_captures > 0:
+            return 0
+        todo.swap(self.pending)
+        for e in todo:
+            if self.backend.event_done(e.event, wait):
+                self.event_cache.push_back(e.event)
+                self.release_hold(e.block)
+            else:
+                still.push_back(e)
+        for e in still:                  # others may have queued events meanwhile
+            self.pending.push_back(e)
+        return 0
+
+    cdef void record_stream_frees(self) noexcept:
+        """Record the end-of-use events of blocks freed with record_stream
+        during a capture, now that none is open."""
+        cdef vector[StreamHold] todo
+        cdef StreamHold h
+        cdef uintptr_t ev
+        if self.stream_holds.empty() or g_open_captures > 0:
+            return
+        todo.swap(self.stream_holds)
+        for h in todo:
+            if g_open_captures > 0 or self._stream_capturing(h.stream):
+                self.stream_holds.push_back(h)     # the stream captures now: wait longer
+                continue
+            try:
+                ev = self._event_on(h.stream)
+            except BaseException:
+                ev = 0
+            if ev:
+                self.pending.push_back(PendingEvent(ev, h.block))   # the hold passes to the event
+            elif self._synchronize_quietly():
+                self.release_hold(h.block)
+            # else the block stays held: never reused unsafely
+
+    cdef bint _stream_capturing(self, uintptr_t stream) noexcept:
+        try:
+            return self.backend.capture_id(stream) != 0
+        except BaseException:
+            return False
+
+    cdef bint _synchronize_quietly(self) noexcept:
+        try:
+            self.backend.synchronize()
+            return True
+        except BaseException:
+            return False
+
+    # -------------------------------------------------------------- malloc/free
+
+    cdef Block* malloc_block(self, size_t size, uintptr_t stream, Pool pool) except NULL:
+        cdef size_t rsize = round_size(size)
+        cdef bint small = rsize <= SMALL_SIZE
+        cdef Block* b
+        if g_open_captures == 0:
+            if not self.pending.empty():
+                self.process_events(False)
+            if not self.stream_holds.empty():
+                self.record_stream_frees()
+            if self.freeable:
+                self.release_freeable()
+        b = self.find_free(rsize, stream, pool, small)
+        if b == NULL:
+            b = self.new_segment(rsize, stream, pool, small)
+        self.split(b, rsize, pool)
+        b.allocated = True
+        b.requested = size
+        self.alloc_seq += 1
+        b.alloc_seq = self.alloc_seq
+        b.cross_capture = 0
+        pool.live_blocks += 1
+        pool.allocated_bytes += b.size
+        stat_add(self.st_allocation, kind_of(b), 1)
+        stat_add(self.st_active, kind_of(b), 1)
+        stat_add(self.st_allocated_bytes, kind_of(b), b.size)
+        stat_add(self.st_active_bytes, kind_of(b), b.size)
+        stat_add(self.st_requested_bytes, kind_of(b), size)
+        return b
+
+    cdef Block* find_free(self, size_t rsize, uintptr_t stream, Pool pool, bint small) noexcept:
+        """The smallest free block of ``pool`` on ``stream`` holding ``rsize``
+        (PyTorch's best fit; with no max_split_size, any such block)."""
+        cdef cmap[FreeKey, Block*]* m = pool.free_map(small)
+        cdef FreeKey key = FreeKey(stream, pair[size_t, uintptr_t](rsize, 0))
+        cdef cmap[FreeKey, Block*].iterator it = m.lower_bound(key)
+        if it == m.end() or deref(it).first.first != stream:
+            return NULL
+        cdef Block* b = deref(it).second
+        m.erase(it)
+        return b
+
+    cdef Block* new_segment(self, size_t rsize, uintptr_t stream, Pool pool, bint small) except NULL:
+        cdef size_t seg = segment_size(rsize)
+        cdef cydriver.CUdeviceptr ptr = 0
+        cdef cydriver.CUresult r = self.backend.malloc(&ptr, seg)
+        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY and g_open_captures == 0:
+            # free what the cache holds and try once more (never under a
+            # capture: cuMemFree would break it)
+            self.n_alloc_retries += 1
+            self.release_cached()
+            r = self.backend.malloc(&ptr, seg)
+        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
+            self.n_ooms += 1
+            free_b, total_b = self.backend.mem_info()
+            why = ("; inside a CUDA graph capture the cache cannot be released (cuMemFree would end "
+                   "the capture): call empty_cache() before capturing" if g_open_captures > 0 else "")
+            raise OutOfMemoryError(
+                description=(f"tried to allocate {_fmt(rsize)} on cuda:{self.device} "
+                             f"({_fmt(free_b)} free of {_fmt(total_b)}; "
+                             f"{_fmt(self.st_allocated_bytes[ALL].current)} allocated and "
+                             f"{_fmt(self.st_reserved_bytes[ALL].current)} reserved by tensorplay){why}"))
+        check(r)
+        cdef Block* b = <Block*>PyMem_Malloc(sizeof(Block))
+        if b == NULL:
+            self.backend.free(ptr)
+            raise MemoryError()
+        b.ptr = ptr
+        b.size = seg
+        b.requested = 0
+        b.stream = stream
+        b.prev = NULL
+        b.next = NULL
+        b.pool = <void*>pool
+        b.allocated = False
+        b.small = small
+        b.holds = 0
+        b.alloc_seq = 0
+        b.cross_capture = 0
+        pool.segment_heads[<uintptr_t>ptr] = b
+        pool.segments += 1
+        pool.reserved_bytes += seg
+        stat_add(self.st_segment, kind_of(b), 1)
+        stat_add(self.st_reserved_bytes, kind_of(b), seg)
+        self.n_device_alloc += 1
+        return b
+
     cdef void split(self, Block* b, size_t rsize, Pool pool) noexcept:
+        """Cut ``rsize`` off ``b`` when the rest is worth keeping (PyTorch's
+        should_split: 512 B in small segments, over 1 MiB in large ones)."""
         cdef size_t rest = b.size - rsize
         cdef Block* r
         if b.small:
             if rest < ROUND:
                 return
-        elif rest <= MIN_LARGE_SPLIT_REMAINDER:
+        elif rest <= SMALL_SIZE:
             return
         r = <Block*>PyMem_Malloc(sizeof(Block))
         if r == NULL:
             return      # keep the block whole; correct, just less tight
         r.ptr = b.ptr + rsize
         r.size = rest
+        r.requested = 0
         r.stream = b.stream
         r.prev = b
         r.next = b.next
+        r.pool = b.pool
         r.allocated = False
         r.small = b.small
-        r.pending_events = 0
+        r.holds = 0
+        r.alloc_seq = 0
+        r.cross_capture = 0
         if b.next != NULL:
             b.next.prev = r
         b.next = r
         b.size = rsize
         pool.free_map(r.small).insert(FreeEntry(free_key(r), r))
 
+    cdef void _hold(self, Block* b, Pool pool) noexcept:
+        if b.holds == 0:
+            pool.held_blocks += 1
+        b.holds += 1
+
     cdef void free_block(self, Block* b, Pool pool, object recorded) noexcept:
-        cdef cydriver.CUevent ev
-        cdef cydriver.CUstream s
+        """A live block was freed: reusable now, after events, or after its
+        capture or body ends (see the module docstring)."""
+        cdef CaptureState st
+        cdef BodyFrame f
+        cdef uintptr_t ev
         b.allocated = False
         pool.live_blocks -= 1
-        self.allocated -= b.size
-        self.n_frees += 1
-        self.n_active -= 1
+        pool.allocated_bytes -= b.size
+        stat_add(self.st_allocation, kind_of(b), -1)
+        stat_add(self.st_allocated_bytes, kind_of(b), -<long long>b.size)
+        stat_add(self.st_requested_bytes, kind_of(b), -<long long>b.requested)
         if recorded:
-            # reuse only after the other streams' work done so far has finished
-            for sh in recorded:
-                s = <cydriver.CUstream><uintptr_t>sh
-                ev = NULL
-                try:
-                    ensure_context(self.device)
-                    if cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING) != cydriver.CUDA_SUCCESS:
-                        continue
-                    if cydriver.cuEventRecord(ev, s) != cydriver.CUDA_SUCCESS:
-                        cydriver.cuEventDestroy(ev)
-                        continue
-                except BaseException:
+            # reuse only after the other streams' work queued so far has finished
+            for h in recorded:
+                if g_open_captures > 0 or self._stream_capturing(<uintptr_t>h):
+                    self._hold(b, pool)          # recorded once no capture is open
+                    self.stream_holds.push_back(StreamHold(b, <uintptr_t>h))
                     continue
-                b.pending_events += 1
-                self.pending.append((<uintptr_t>ev, <uintptr_t>b, pool))
-            if b.pending_events > 0:
+                try:
+                    ev = self._event_on(<uintptr_t>h)
+                except BaseException:
+                    ev = 0
+                if ev:
+                    self._hold(b, pool)
+                    self.pending.push_back(PendingEvent(ev, b))
+                elif not self._synchronize_quietly():
+                    self._hold(b, pool)          # nothing can tell when it is safe: never reused
+            if b.holds > 0:
                 return
+        st = pool.capture
+        if st is not None:
+            if b.cross_capture == st.serial:
+                self._hold(b, pool)
+                st.deferred.push_back(b)
+                return
+            for obj in st.bodies:               # outermost first
+                f = <BodyFrame>obj
+                if b.alloc_seq <= f.open_seq:
+                    self._hold(b, pool)
+                    f.deferred.push_back(b)
+                    return
+        self._make_reusable(b, pool)
+
+    cdef void release_hold(self, Block* b) noexcept:
+        cdef Pool pool = <Pool>b.pool
+        b.holds -= 1
+        if b.holds > 0:
+            return
+        pool.held_blocks -= 1
+        self._make_reusable(b, pool)
+
+    cdef void _make_reusable(self, Block* b, Pool pool) noexcept:
+        stat_add(self.st_active, kind_of(b), -1)
+        stat_add(self.st_active_bytes, kind_of(b), -<long long>b.size)
         self.insert_free(b, pool)
+        if pool.live_blocks == 0 and pool.held_blocks == 0 and pool.id != 0:
+            self.maybe_release(pool)
 
     cdef void insert_free(self, Block* b, Pool pool) noexcept:
         """Put a free block back, merged with free neighbours of its segment."""
@@ -326,59 +898,250 @@ cdef class DeviceAllocator:
         # Memory stays cached until empty_cache, as in PyTorch.
         m.insert(FreeEntry(free_key(b), b))
 
+    # -------------------------------------------------------------- releasing memory
+
     cdef int release_cached(self) except -1:
         """cuMemFree every fully free segment of the default pool and of private
         pools no graph holds. Pools held by a graph keep their memory."""
         cdef Pool p
+        if g_open_captures > 0:
+            raise RuntimeError("empty_cache() cannot run while a CUDA graph capture is under way")
         self.process_events(True)
+        self.record_stream_frees()
+        self.process_events(True)
+        first_error = None
         for pool in list(self.pools.values()):
             p = <Pool>pool
-            if p.id != 0 and p.graph_refs > 0:
+            if p.id != 0 and (p.graph_refs > 0 or p.capture is not None):
                 continue
-            self._release_pool_segments(p, &p.small_free)
-            self._release_pool_segments(p, &p.large_free)
-            self._maybe_forget(p)
+            try:
+                self.free_segments(p)
+            except BaseException as exc:
+                first_error = first_error or exc
+            if p.id != 0 and p.segments == 0 and p.live_blocks == 0 and p.held_blocks == 0 \
+                    and p.graph_refs == 0 and self.pools.get(p.id) is p:
+                del self.pools[p.id]
+        if first_error is not None:
+            raise first_error
         return 0
 
-    cdef int _release_pool_segments(self, Pool pool, cmap[FreeKey, Block*]* m) except -1:
+    cdef int free_segments(self, Pool pool) except -1:
+        """cuMemFree the segments of ``pool`` that are one free block. They
+        leave the pool's maps and counters first, so no other thread can take
+        them while the GIL is released around the driver call."""
+        cdef vector[Block*] whole
         cdef Block* b
-        cdef cydriver.CUresult r
-        cdef cmap[FreeKey, Block*].iterator it = m.begin()
-        while it != m.end():
+        cdef uintptr_t ev
+        cdef cmap[uintptr_t, Block*].iterator it = pool.segment_heads.begin()
+        while it != pool.segment_heads.end():
             b = deref(it).second
-            if b.prev == NULL and b.next == NULL:
-                with nogil:
-                    ensure_context(self.device)
-                    r = cydriver.cuMemFree(b.ptr)
-                check(r)
+            if b.prev == NULL and b.next == NULL and not b.allocated and b.holds == 0:
+                pool.free_map(b.small).erase(free_key(b))
+                whole.push_back(b)
+                it = pool.segment_heads.erase(it)
                 pool.segments -= 1
                 pool.reserved_bytes -= b.size
-                self.reserved -= b.size
-                self.n_segment_frees += 1
-                PyMem_Free(b)
-                it = m.erase(it)
+                stat_add(self.st_segment, kind_of(b), -1)
+                stat_add(self.st_reserved_bytes, kind_of(b), -<long long>b.size)
             else:
                 preinc(it)
+        if whole.empty():
+            return 0
+        # replays of graphs that released this pool may still be running
+        for ev in pool.release_events:
+            self.backend.event_done(ev, True)
+            self.event_cache.push_back(ev)
+        pool.release_events.clear()
+        first_error = None
+        for b in whole:
+            try:
+                self.backend.free(b.ptr)
+                self.n_device_free += 1
+            except BaseException as exc:
+                first_error = first_error or exc
+            PyMem_Free(b)
+        if first_error is not None:
+            raise first_error
         return 0
 
-    # -------------------------------------------------------------- stats
+    def empty_cache(self):
+        """Release the cached segments (see release_cached)."""
+        self.release_cached()
+
+    # -------------------------------------------------------------- for tests and users
+
+    def allocate(self, size_t nbytes, uintptr_t stream=0):
+        """A DeviceAllocation of ``nbytes`` for use on ``stream``."""
+        return _allocate_from(self, nbytes, stream)
 
     def stats(self):
-        return {
-            "allocated_bytes.all.current": self.allocated,
-            "allocated_bytes.all.peak": self.peak_allocated,
-            "reserved_bytes.all.current": self.reserved,
-            "reserved_bytes.all.peak": self.peak_reserved,
-            "active.all.current": self.n_active,
-            "allocation.all.allocated": self.n_allocs,
-            "allocation.all.freed": self.n_frees,
-            "segment.all.allocated": self.n_segment_allocs,
-            "segment.all.freed": self.n_segment_frees,
-            "segment.all.current": self.n_segment_allocs - self.n_segment_frees,
-            "num_ooms": self.n_ooms,
-            "num_pools": len(self.pools),
-            "pending_events": len(self.pending),
-        }
+        """The counters, under PyTorch's memory_stats() key names."""
+        cdef Pool p
+        cdef Block* b
+        cdef long long split_n[3]
+        cdef long long split_b[3]
+        cdef int i, kind
+        split_n[0] = split_n[1] = split_n[2] = 0
+        split_b[0] = split_b[1] = split_b[2] = 0
+        cdef cmap[FreeKey, Block*]* m
+        cdef cmap[FreeKey, Block*].iterator it
+        for pool in self.pools.values():
+            p = <Pool>pool
+            for kind in (SMALL, LARGE):
+                m = p.free_map(kind == SMALL)
+                it = m.begin()
+                while it != m.end():
+                    b = deref(it).second
+                    if b.prev != NULL or b.next != NULL:      # free piece of a split segment
+                        split_n[ALL] += 1
+                        split_n[kind] += 1
+                        split_b[ALL] += b.size
+                        split_b[kind] += b.size
+                    preinc(it)
+        out = {}
+        _put_stat(out, "allocation", self.st_allocation)
+        _put_stat(out, "segment", self.st_segment)
+        _put_stat(out, "active", self.st_active)
+        _put_stat(out, "allocated_bytes", self.st_allocated_bytes)
+        _put_stat(out, "reserved_bytes", self.st_reserved_bytes)
+        _put_stat(out, "active_bytes", self.st_active_bytes)
+        _put_stat(out, "requested_bytes", self.st_requested_bytes)
+        for i in range(3):
+            out[f"inactive_split.{_POOL_NAMES[i]}.current"] = split_n[i]
+            out[f"inactive_split_bytes.{_POOL_NAMES[i]}.current"] = split_b[i]
+        out["num_alloc_retries"] = self.n_alloc_retries
+        out["num_ooms"] = self.n_ooms
+        out["num_device_alloc"] = self.n_device_alloc
+        out["num_device_free"] = self.n_device_free
+        out["num_pools"] = len(self.pools)
+        out["pending_events"] = self.pending.size() + self.stream_holds.size()
+        for pool in self.pools.values():
+            p = <Pool>pool
+            pre = f"pool.{p.id}."
+            out[pre + "segments"] = p.segments
+            out[pre + "reserved_bytes"] = p.reserved_bytes
+            out[pre + "allocated_bytes"] = p.allocated_bytes
+            out[pre + "live_blocks"] = p.live_blocks
+            out[pre + "graph_refs"] = p.graph_refs
+        return out
+
+    def reset_peak_stats(self):
+        cdef int i
+        for i in range(3):
+            self.st_allocation[i].peak = self.st_allocation[i].current
+            self.st_segment[i].peak = self.st_segment[i].current
+            self.st_active[i].peak = self.st_active[i].current
+            self.st_allocated_bytes[i].peak = self.st_allocated_bytes[i].current
+            self.st_reserved_bytes[i].peak = self.st_reserved_bytes[i].current
+            self.st_active_bytes[i].peak = self.st_active_bytes[i].current
+            self.st_requested_bytes[i].peak = self.st_requested_bytes[i].current
+
+    def snapshot(self):
+        """Every segment as a dict (address, size, pool id, stream, kind and
+        its blocks: address, size, state 'allocated' / 'free' / 'held')."""
+        cdef Pool p
+        cdef Block* b
+        out = []
+        for pool in self.pools.values():
+            p = <Pool>pool
+            for entry in p.segment_heads:
+                b = entry.second
+                blocks = []
+                total = 0
+                while b != NULL:
+                    blocks.append({"address": <uintptr_t>b.ptr, "size": b.size,
+                                   "state": "allocated" if b.allocated else ("held" if b.holds else "free"),
+                                   "requested_size": b.requested if b.allocated else 0})
+                    total += b.size
+                    b = b.next
+                out.append({"device": self.device, "address": entry.first, "total_size": total,
+                            "segment_pool_id": p.id, "stream": entry.second.stream,
+                            "segment_type": "small" if entry.second.small else "large",
+                            "blocks": blocks})
+        return out
+
+    def check_invariants(self):
+        """Raise AssertionError unless the block structures are consistent:
+        blocks tile their segments, free blocks are merged with free neighbours
+        and sit in the free map (held and allocated ones do not), and the
+        counters add up."""
+        cdef Pool p
+        cdef Block* b
+        cdef size_t reserved = 0, allocated = 0, pool_reserved, pool_alloc
+        cdef long long live, held, nfree
+        problems = []
+        for pool in self.pools.values():
+            p = <Pool>pool
+            pool_reserved = pool_alloc = 0
+            live = held = nfree = 0
+            for entry in p.segment_heads:
+                b = entry.second
+                if b.prev != NULL or <uintptr_t>b.ptr != entry.first:
+                    problems.append(f"pool {p.id}: segment {entry.first:#x} head is not its first block")
+                while b != NULL:
+                    if b.pool != <void*>p:
+                        problems.append(f"pool {p.id}: block {<uintptr_t>b.ptr:#x} names another pool")
+                    if b.stream != entry.second.stream or b.small != entry.second.small:
+                        problems.append(f"pool {p.id}: block {<uintptr_t>b.ptr:#x} differs from its segment")
+                    if b.next != NULL and (b.next.prev != b or b.next.ptr != b.ptr + b.size):
+                        problems.append(f"pool {p.id}: block {<uintptr_t>b.ptr:#x} and its next do not tile")
+                    in_map = p.free_map(b.small).count(free_key(b)) == 1
+                    if b.allocated:
+                        live += 1
+                        pool_alloc += b.size
+                        if in_map or b.holds:
+                            problems.append(f"pool {p.id}: allocated block {<uintptr_t>b.ptr:#x} is free-listed or held")
+                    elif b.holds:
+                        held += 1
+                        if in_map:
+                            problems.append(f"pool {p.id}: held block {<uintptr_t>b.ptr:#x} is in the free map")
+                    else:
+                        nfree += 1
+                        if not in_map:
+                            problems.append(f"pool {p.id}: free block {<uintptr_t>b.ptr:#x} is not in the free map")
+                        if _mergeable(b.next):
+                            problems.append(f"pool {p.id}: free blocks {<uintptr_t>b.ptr:#x} and next not merged")
+                    pool_reserved += b.size
+                    b = b.next
+            if <size_t>p.small_free.size() + <size_t>p.large_free.size() != <size_t>nfree:
+                problems.append(f"pool {p.id}: {p.small_free.size() + p.large_free.size()} free-map "
+                                f"entries for {nfree} free blocks")
+            if pool_reserved != p.reserved_bytes or <long long>p.segment_heads.size() != p.segments:
+                problems.append(f"pool {p.id}: reserved {p.reserved_bytes} / {p.segments} segments, "
+                                f"blocks add up to {pool_reserved} / {p.segment_heads.size()}")
+            if live != p.live_blocks or held != p.held_blocks or pool_alloc != p.allocated_bytes:
+                problems.append(f"pool {p.id}: counters live={p.live_blocks} held={p.held_blocks} "
+                                f"allocated={p.allocated_bytes}, blocks say {live}/{held}/{pool_alloc}")
+            reserved += pool_reserved
+            allocated += pool_alloc
+        if reserved != <size_t>self.st_reserved_bytes[ALL].current:
+            problems.append(f"reserved_bytes {self.st_reserved_bytes[ALL].current} != segments {reserved}")
+        if allocated != <size_t>self.st_allocated_bytes[ALL].current:
+            problems.append(f"allocated_bytes {self.st_allocated_bytes[ALL].current} != blocks {allocated}")
+        if problems:
+            raise AssertionError("; ".join(problems[:10]))
+
+    @property
+    def reserved(self):
+        return self.st_reserved_bytes[ALL].current
+
+    @property
+    def allocated(self):
+        return self.st_allocated_bytes[ALL].current
+
+
+_POOL_NAMES = ("all", "small_pool", "large_pool")
+
+
+cdef int _put_stat(dict out, str name, Stat* s) except -1:
+    cdef int i
+    for i in range(3):
+        pre = f"{name}.{_POOL_NAMES[i]}."
+        out[pre + "current"] = s[i].current
+        out[pre + "peak"] = s[i].peak
+        out[pre + "allocated"] = s[i].allocated
+        out[pre + "freed"] = s[i].freed
+    return 0
 
 
 def _fmt(n):
@@ -387,17 +1150,6 @@ def _fmt(n):
         if n < 1024 or unit == "GiB":
             return f"{n:.2f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
-
-
-def _mem_info(int device):
-    cdef size_t f = 0, t = 0
-    try:
-        ensure_context(device)
-        if cydriver.cuMemGetInfo(&f, &t) != cydriver.CUDA_SUCCESS:
-            return 0, 0
-    except Exception:
-        return 0, 0
-    return f, t
 
 
 cdef list _allocators = [None] * MAX_DEVICES
@@ -428,7 +1180,6 @@ cdef class DeviceAllocation:
         if self.block != NULL and self.allocator is not None and self.pool is not None:
             self.allocator.free_block(self.block, self.pool, self.recorded_streams)
             self.block = NULL
-            self.allocator._maybe_forget(self.pool)
 
     def record_stream(self, stream_handle):
         """Mark the memory as used on another stream: it is reused only after the
@@ -450,26 +1201,32 @@ cdef class DeviceAllocation:
         return f"<DeviceAllocation ptr={self.ptr:#x} size={self.size} device={self.device}>"
 
 
-cdef DeviceAllocation allocate(size_t nbytes, int device, cydriver.CUstream stream):
-    """Allocate ``nbytes`` on ``device`` for use on ``stream``."""
-    cdef DeviceAllocator a = get_allocator(device)
+cdef DeviceAllocation _allocate_from(DeviceAllocator a, size_t nbytes, uintptr_t stream):
     cdef DeviceAllocation out = DeviceAllocation.__new__(DeviceAllocation)
-    out.device = device
+    cdef uintptr_t key = stream
+    cdef Pool pool
+    out.device = a.device
     out.size = nbytes
-    out.stream = <uintptr_t>stream
+    out.stream = stream
     out.allocator = a
     if nbytes == 0:
         return out
-    cdef Pool pool = a.route(stream)
-    out.block = a.malloc_block(nbytes, stream, pool)
+    pool = a.route(stream, &key)
+    out.block = a.malloc_block(nbytes, key, pool)
     out.pool = pool
+    out.stream = key
     out.ptr = <uintptr_t>out.block.ptr
     return out
 
 
+cdef DeviceAllocation allocate(size_t nbytes, int device, cydriver.CUstream stream):
+    """Allocate ``nbytes`` on ``device`` for use on ``stream``."""
+    return _allocate_from(get_allocator(device), nbytes, <uintptr_t>stream)
+
+
 def _allocate(size_t nbytes, int device, uintptr_t stream):
     """Python access to allocate() for the pure-Python layers and tests."""
-    return allocate(nbytes, device, <cydriver.CUstream>stream)
+    return _allocate_from(get_allocator(device), nbytes, stream)
 
 
 def empty_cache(device=None):
@@ -477,9 +1234,8 @@ def empty_cache(device=None):
 
     Memory of a private pool still held by a graph, and memory under live
     tensors, is kept. Not allowed while a graph capture is under way."""
-    for each in _allocators:
-        if each is not None and (<DeviceAllocator>each).routes:
-            raise RuntimeError("empty_cache() cannot run while a CUDA graph capture is under way")
+    if g_open_captures > 0:
+        raise RuntimeError("empty_cache() cannot run while a CUDA graph capture is under way")
     if device is None:
         for each in _allocators:
             if each is not None:
@@ -489,8 +1245,15 @@ def empty_cache(device=None):
 
 
 def memory_stats(device=None):
-    """Return the allocator's counters for ``device`` as a dict (PyTorch's key names)."""
+    """Return the allocator's counters for ``device`` as a dict (PyTorch's key
+    names: ``allocated_bytes.all.current``, ``segment.large_pool.peak``, ...,
+    and per pool ``pool.<id>.reserved_bytes``)."""
     return get_allocator(_device_index(device)).stats()
+
+
+def memory_snapshot(device=None):
+    """Every segment of ``device``'s allocator with its blocks (see DeviceAllocator.snapshot)."""
+    return get_allocator(_device_index(device)).snapshot()
 
 
 def memory_allocated(device=None):
@@ -499,7 +1262,8 @@ def memory_allocated(device=None):
 
 
 def max_memory_allocated(device=None):
-    return get_allocator(_device_index(device)).peak_allocated
+    """The peak of memory_allocated() since the start or reset_peak_memory_stats()."""
+    return get_allocator(_device_index(device)).st_allocated_bytes[ALL].peak
 
 
 def memory_reserved(device=None):
@@ -508,10 +1272,10 @@ def memory_reserved(device=None):
 
 
 def max_memory_reserved(device=None):
-    return get_allocator(_device_index(device)).peak_reserved
+    """The peak of memory_reserved() since the start or reset_peak_memory_stats()."""
+    return get_allocator(_device_index(device)).st_reserved_bytes[ALL].peak
 
 
 def reset_peak_memory_stats(device=None):
-    cdef DeviceAllocator a = get_allocator(_device_index(device))
-    a.peak_allocated = a.allocated
-    a.peak_reserved = a.reserved
+    """Set every peak counter to its current value."""
+    get_allocator(_device_index(device)).reset_peak_stats()

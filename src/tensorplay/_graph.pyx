@@ -23,54 +23,19 @@ from tensorplay._stream import (capture_side_stream, current_stream, release_cap
 
 _live = {"graphs": 0, "execs": 0}
 
+cdef uintptr_t NO_STREAM = <uintptr_t>-1     # no replay yet (0 is the legacy default stream)
+
 # Checking that a stream is not capturing and beginning capture on it is one
 # step, so two threads beginning captures on one stream get a clear error, not
 # the driver's. (Default side streams are already reserved per capture.)
 _begin_lock = threading.Lock()
 
 
-# ---------------------------------------------------------------- keep-alive
-# While a capture is open on a thread, the ops run on that thread register the
-# storages they read and write with the capturing graph, which holds them
-# until reset(): deleting a tensor a graph uses can never let a replay write
-# into memory the allocator handed out again.
-
-cdef int _n_tracking = 0
-_tracking = threading.local()
-
-
-def begin_tracking(graph):
-    """Make ``graph`` the capture this thread's ops register their storages with."""
-    global _n_tracking
-    if getattr(_tracking, "graph", None) is None:
-        _n_tracking += 1
-    _tracking.graph = graph
-
-
-def end_tracking():
-    global _n_tracking
-    if getattr(_tracking, "graph", None) is not None:
-        _n_tracking -= 1
-    _tracking.graph = None
-
-
-def note_capture_use(*tensors):
-    """Register the storages of ``tensors`` with this thread's open capture, if any."""
-    if _n_tracking == 0:
-        return
-    g = getattr(_tracking, "graph", None)
-    if g is None:
-        return
-    keep = (<CUDAGraphBase>g)._keepalive_storages
-    for t in tensors:
-        _keep_storage(keep, t)
-
-
 cdef int _keep_storage(dict keep, object t) except -1:
     if isinstance(t, TensorBase):
-        s = (<TensorBase>t)._storage
-        if s is not None:
-            keep[id(s)] = s
+        st = (<TensorBase>t)._storage
+        if st is not None:
+            keep[id(st)] = st
     return 0
 
 
@@ -110,7 +75,10 @@ cdef class CUDAGraphBase:
     cdef object _set_cond_fn        # the set-conditional kernel, given by the Python layer
     cdef list _stage_fns            # multi-tensor copy kernels by table capacity, from the Python layer
     cdef dict _cond_nodes           # conditional node -> (kind, body graph, handle), for describe()
-    cdef dict _keepalive_storages   # id -> storage of every tensor the captured work uses
+    cdef dict _keepalive_storages   # id -> storage from outside the pool that the captured work uses
+    cdef object _capture_state      # the allocator's CaptureState while capturing
+    cdef uintptr_t _last_replay_stream
+    cdef set _replay_streams        # streams replayed on: kept memory is reused only after them
     cdef int _mode
     # stage_and_launch's one-launch path: a second executable of the graph with
     # the multi-tensor copy kernel node in front of every root; each call sets
@@ -131,6 +99,7 @@ cdef class CUDAGraphBase:
         self._cond_stack = []
         self._cond_nodes = {}
         self._keepalive_storages = {}
+        self._last_replay_stream = NO_STREAM
         self._staged_exec = NULL
         self._staged_node = NULL
         self._staged_cap = 0
@@ -193,7 +162,11 @@ cdef class CUDAGraphBase:
                 check(cydriver.cuStreamGetCaptureInfo(s._handle, &status, &cid, NULL, NULL, NULL, NULL))
             alloc = _allocator(dev)
             alloc.retain_pool(pool_id)
-            alloc.begin_allocate_to_pool(pool_id, cid)
+            try:
+                self._capture_state = alloc.begin_capture(pool_id, cid, <uintptr_t>s._handle)
+            except BaseException:
+                alloc.release_pool(pool_id)
+                raise
         except BaseException:
             self._discard_capture(s._handle)
             raise
@@ -209,7 +182,6 @@ cdef class CUDAGraphBase:
         self._capturing = True
         self._mode = mode
         set_stream(s)
-        begin_tracking(self)
         return 0
 
     cdef void _discard_capture(self, cydriver.CUstream stream, bint owns_graph=True) noexcept:
@@ -225,11 +197,14 @@ cdef class CUDAGraphBase:
             pass
 
     cdef int _end_routing(self, bint release_stream=True) except -1:
-        """Stop routing allocations and tracking storages; restore the current
-        stream; give a reserved side stream back unless the caller still
-        queues work on it (capture_end uploads there first)."""
-        end_tracking()
-        _allocator(self._device).end_allocate_to_pool(self._capture_id)
+        """Stop routing allocations; keep the storages from outside the pool
+        that the capture used; restore the current stream; give a reserved
+        side stream back unless the caller still queues work on it
+        (capture_end uploads there first)."""
+        state = self._capture_state
+        self._capture_state = None
+        if state is not None:
+            self._keepalive_storages.update(_allocator(self._device).end_capture(state))
         if self._prev_stream is not None:
             set_stream(self._prev_stream)
         self._prev_stream = None
@@ -285,10 +260,9 @@ cdef class CUDAGraphBase:
     def _abort_capture(self):
         """End an open capture whatever state the driver left it in, and reset."""
         cdef Stream child
-        while self._cond_stack:
+        while self._cond_stack:           # the allocator ends their routes with the capture's
             handle, kind, child, pred, parent, cid = self._cond_stack.pop()
             self._discard_capture(child._handle, False)
-            _allocator(self._device).end_allocate_to_pool(cid)
             release_capture_side_stream(child)
         if self._capturing:
             self._discard_capture(self._capture_stream)
@@ -370,7 +344,7 @@ cdef class CUDAGraphBase:
                                                            <cydriver.CUstreamCaptureMode>self._mode))
             with nogil:
                 check(cydriver.cuStreamGetCaptureInfo(child._handle, &status, &child_cid, NULL, NULL, NULL, NULL))
-            _allocator(self._device).begin_allocate_to_pool(self._pool_id, child_cid)
+            _allocator(self._device).begin_body(self._capture_state, <uintptr_t>child._handle, child_cid)
         except BaseException:
             self._discard_capture(child._handle, False)
             release_capture_side_stream(child)
@@ -395,7 +369,7 @@ cdef class CUDAGraphBase:
         self._cond_stack.pop()
         with nogil:
             r = cydriver.cuStreamEndCapture(child._handle, &g)     # g is the node's body: not ours
-        _allocator(self._device).end_allocate_to_pool(cid)
+        _allocator(self._device).end_body(self._capture_state)
         release_capture_side_stream(child)
         set_stream(parent)
         check(r)
@@ -496,6 +470,8 @@ cdef class CUDAGraphBase:
             for k in slow:
                 statics[k].copy_(sources[k])
         stream = current_stream_handle(self._device)
+        if <uintptr_t>stream != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>stream)
         nfast = <Py_ssize_t>(fast_pairs.size() // 3)
         if 0 < nfast <= 128 and not self._staged_unavailable:
             fn, cap = self._stage_fn_for(nfast)
@@ -629,9 +605,18 @@ cdef class CUDAGraphBase:
                 raise ValueError(f"replay: the graph belongs to cuda:{self._device}, "
                                  f"the stream to cuda:{so._device}")
             s = so._handle
+        if <uintptr_t>s != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>s)
         with nogil:
             ensure_context(self._device)
             check(cydriver.cuGraphLaunch(self._exec, s))
+
+    cdef int _note_replay_stream(self, uintptr_t stream) except -1:
+        if self._replay_streams is None:
+            self._replay_streams = set()
+        self._replay_streams.add(stream)
+        self._last_replay_stream = stream
+        return 0
 
     cdef int _replay_error(self) except -1:
         if self._capturing:
@@ -660,9 +645,20 @@ cdef class CUDAGraphBase:
             except BaseException:
                 pass
             self._graph = NULL
+        # what replays may still be using is reused only after them
+        streams = tuple(self._replay_streams) if self._replay_streams else ()
+        self._replay_streams = None
+        self._last_replay_stream = NO_STREAM
+        if streams:
+            for storage in self._keepalive_storages.values():
+                for h in streams:
+                    try:
+                        storage.record_stream(h)
+                    except BaseException:
+                        pass
         if self._has_pool:
             try:
-                _allocator(self._device).release_pool(self._pool_id)
+                _allocator(self._device).release_pool(self._pool_id, streams)
             except BaseException:
                 pass
             self._has_pool = False

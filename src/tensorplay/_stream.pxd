@@ -6,6 +6,7 @@ cdef class Stream:
     cdef cydriver.CUstream _handle
     cdef int _device
     cdef bint _owned
+    cdef int _priority
     cdef object _owner          # keeps a foreign stream's owner alive
 
     @staticmethod

@@ -7,6 +7,7 @@ from libc.stdint cimport uintptr_t
 
 from tensorplay._cuda cimport check, ensure_context, get_current_device, validate_device, MAX_DEVICES
 
+import os
 import threading
 
 from tensorplay._cuda import device_index as _device_index_checked
@@ -44,10 +45,30 @@ cdef int _resolve_device(object device) except -1:
 cdef Py_ssize_t _live_streams = 0
 cdef Py_ssize_t _live_events = 0
 
+# Handles of dead Stream objects, by (device, priority), for the next Stream().
+# Streams are never destroyed, as in PyTorch: the caching allocator keys its
+# free blocks by stream handle, and a destroyed stream's handle could come
+# back as a new stream that would then reuse blocks without waiting for the
+# old stream's work. A recycled handle is the same CUDA stream, so stream
+# order covers it.
+cdef dict _recycled = {}
+
+
+def _forget_streams_in_forked_child():
+    _recycled.clear()     # the parent's handles mean nothing in the child
+
+
+os.register_at_fork(after_in_child=_forget_streams_in_forked_child)
+
 
 def live_stream_and_event_counts():
-    """(streams, events) created by Stream() / Event and not yet destroyed."""
+    """(streams, events) held by live Stream / Event objects."""
     return _live_streams, _live_events
+
+
+def cached_stream_count():
+    """Streams kept for reuse by later Stream() calls (never destroyed)."""
+    return sum(len(v) for v in _recycled.values())
 
 
 cdef class Stream:
@@ -66,6 +87,7 @@ cdef class Stream:
         self._device = -1
         self._owned = False
         self._owner = None
+        self._priority = 0
 
     def __init__(self, device=None, int priority=0):
         global _live_streams
@@ -75,13 +97,19 @@ cdef class Stream:
         with nogil:
             ensure_context(d)
             check(cydriver.cuCtxGetStreamPriorityRange(&least, &greatest))
-            if priority > least:
-                priority = least
-            if priority < greatest:
-                priority = greatest
-            check(cydriver.cuStreamCreateWithPriority(&h, cydriver.CU_STREAM_NON_BLOCKING, priority))
+        if priority > least:
+            priority = least
+        if priority < greatest:
+            priority = greatest
+        spare = _recycled.get((d, priority))
+        if spare:
+            h = <cydriver.CUstream><uintptr_t>spare.pop()
+        else:
+            with nogil:
+                check(cydriver.cuStreamCreateWithPriority(&h, cydriver.CU_STREAM_NON_BLOCKING, priority))
         self._handle = h
         self._device = d
+        self._priority = priority
         self._owned = True
         _live_streams += 1
 
@@ -97,11 +125,10 @@ cdef class Stream:
         global _live_streams
         if self._owned and self._handle != NULL:
             try:
-                ensure_context(self._device)
-                if cydriver.cuStreamDestroy(self._handle) == cydriver.CUDA_SUCCESS:
-                    _live_streams -= 1
+                _recycled.setdefault((self._device, self._priority), []).append(<uintptr_t>self._handle)
             except BaseException:
                 pass
+            _live_streams -= 1
             self._handle = NULL
 
     @property
@@ -408,6 +435,19 @@ def capture_side_stream(int device):
         pool.append(s)
         _side_in_use.add(<uintptr_t>s._handle)
         return s
+
+
+cdef dict _warmup_streams = {}
+
+
+def warmup_stream(int device):
+    """The stream graphed callables are warmed up on before capture: one per
+    device, kept for the process (so blocks its warm-up freed are reused on
+    the same CUDA stream, never on a stream that merely got its handle)."""
+    s = _warmup_streams.get(device)
+    if s is None:
+        s = _warmup_streams[device] = Stream(device)
+    return s
 
 
 def release_capture_side_stream(stream):

@@ -36,3 +36,4 @@ cdef class TensorBase:
 
     cdef int64_t c_numel(self) noexcept
     cdef bint c_is_contiguous(self) noexcept
+    cdef int c_note_use(self) except -1

@@ -13,7 +13,7 @@ from libc.stdlib cimport malloc, free
 from tensorplay._cuda cimport check, ensure_context, validate_device, primary_context
 from tensorplay._cuda import make_error
 from tensorplay._stream cimport current_stream_handle
-from tensorplay._alloc cimport DeviceAllocation
+from tensorplay._alloc cimport DeviceAllocation, note_capture_use, open_capture_count
 from tensorplay._dlpack cimport *
 
 cdef extern from "Python.h":
@@ -167,10 +167,19 @@ cdef class TensorBase:
         """Return True if the elements are laid out in row-major order without gaps."""
         return self.c_is_contiguous()
 
+    cdef int c_note_use(self) except -1:
+        """The pointer leaves this tensor: while a capture is open, the
+        capturing graph keeps memory from outside its pool alive (the one
+        place the keep-alive happens, so no op has to remember it)."""
+        if open_capture_count() and self._storage is not None:
+            note_capture_use(self._storage)
+        return 0
+
     def data_ptr(self):
         """Address of the first element (device address for CUDA tensors)."""
         if self._device_type == DEVICE_CPU:
             return self._array.__array_interface__["data"][0]
+        self.c_note_use()
         return self._ptr
 
     @property
@@ -255,6 +264,7 @@ cdef class TensorBase:
             mt.manager_ctx = <void*>self
             mt.deleter = _deleter_unversioned
             t = &mt.dl_tensor
+        self.c_note_use()
         t.data = <void*>self._ptr
         t.device.device_type = kDLCUDA
         t.device.device_id = self._device_index
@@ -285,6 +295,7 @@ cdef class TensorBase:
         if typestr is None:
             raise TypeError("bfloat16 has no CUDA Array Interface type string; use DLPack")
         cdef uintptr_t s = <uintptr_t>current_stream_handle(self._device_index)
+        self.c_note_use()
         return {
             "shape": self.shape,
             "typestr": typestr,

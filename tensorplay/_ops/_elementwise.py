@@ -14,7 +14,6 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._graph import note_capture_use
 from .._tensor_api import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from . import _codegen, _kernels
 from ._promotion import can_cast, result_type
@@ -268,7 +267,6 @@ def _run_plan(plan, operands, out):
     ptrs = [out.data_ptr()]
     ptrs.extend(operands[k].data_ptr() for k in tensor_pos)
     scalars = [float(operands[k]) if kind == "f" else int(operands[k]) for k, kind in zip(scalar_pos, kinds)]
-    note_capture_use(out, *operands)
     launch.launch(ptrs, scalars)
     return out
 
@@ -301,7 +299,6 @@ def apply(op, *operands, out=None, _inplace=False):
         return out
     if device < 0:
         return _apply_cpu(npfn, operands, compute, out)
-    note_capture_use(out, *tensors)
     launch = _apply_cuda(op, cgen, operands, compute, out, device)
     if key is not None:
         if len(_plans) >= _MAX_PLANS:
@@ -380,7 +377,6 @@ def where(condition, x, y, out=None):
         vals = [np.asarray(v.numpy() if isinstance(v, Tensor) else v).astype(cd) for v in (x, y)]
         np.copyto(out.numpy(), np.where(condition.numpy().astype(bool), *vals), casting="unsafe")
         return out
-    note_capture_use(out, condition, x, y)
     c = _codegen.compute_ctype(result)
     ins, strides, scalars, kinds, names = [], [], [], [], []
     shape = out.shape

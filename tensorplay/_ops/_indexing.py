@@ -18,7 +18,6 @@ import numpy as np
 from .. import _dtypes as dt
 from .._tensor_api import Tensor, _empty_cuda, _as_source, broadcast_strides, empty, tensor
 from .._tensor import memcpy_dtoh, memset_d8_async
-from .._graph import note_capture_use
 from .._stream import current_stream_handle_of
 from . import _codegen, _kernels
 from ._views import getitem as basic_getitem
@@ -156,7 +155,6 @@ def _run(kind, view, dim, idx, other):
     n = other.numel()
     if n == 0:
         return
-    note_capture_use(view, idx, other)
     shape = other.shape
     strides = view.strides
     f = _kernel(kind, view.dtype, len(shape), dim, dev)

@@ -13,7 +13,6 @@ import struct
 import numpy as np
 
 from .. import _dtypes as dt
-from .._graph import note_capture_use
 from .._tensor_api import Tensor, _empty_cuda, empty, full
 from . import _codegen, _kernels
 from ._elementwise import apply
@@ -209,7 +208,6 @@ def reduce(op, t, dim=None, keepdim=False, dtype=None, out=None, scale=None):
         return dst
     if t.is_cpu:
         return _reduce_cpu(op, t, dims, keepdim, dst, scale)
-    note_capture_use(t, dst)
     src = permute(t, kept + list(dims)).contiguous() if dims != tuple(range(t.ndim - len(dims), t.ndim)) \
         else t.contiguous()
     if inner == 0:

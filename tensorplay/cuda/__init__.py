@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
-                      memory_allocated, memory_reserved, memory_stats, reset_peak_memory_stats)
+                      memory_allocated, memory_reserved, memory_snapshot, memory_stats,
+                      reset_peak_memory_stats)
 from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_device_access_peer,
                      disable_peer_access, enable_peer_access,
                      current_device, device_count, driver_version, get_device_capability,
@@ -17,21 +18,26 @@ from .._graph import live_graph_objects as _live_graph_objects
 from .._kernel import live_module_count as _live_module_count
 from .._stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
                        stream)
+from .._stream import cached_stream_count as _cached_stream_count
 from .._stream import live_stream_and_event_counts as _live_stream_and_event_counts
 from .._tensor_api import run_device_error_checks as _run_device_error_checks
 
 from ._custom import ElementwiseKernel, RawKernel
+from ._memory import memory_summary
 from .graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 
 
 def live_driver_objects(device: Any = None) -> dict[str, int]:
     """Counts of the driver objects tensorplay created and has not destroyed:
-    streams, events, graphs, executables, modules, and the allocator's pending
-    record_stream events on ``device``. For leak checks: after ``gc.collect()``
-    and ``empty_cache()`` they return to what they were before the work."""
+    streams held by Stream objects, streams cached for reuse (never destroyed,
+    as in PyTorch), events, graphs, executables, modules, and the allocator's
+    pending record_stream events on ``device``. For leak checks: after
+    ``gc.collect()`` and ``empty_cache()`` they return to what they were
+    before the work (the stream cache only grows to the most streams alive at
+    once)."""
     streams, events = _live_stream_and_event_counts()
-    out = {"streams": streams, "events": events, **_live_graph_objects(),
-           "modules": _live_module_count()}
+    out = {"streams": streams, "cached_streams": _cached_stream_count(), "events": events,
+           **_live_graph_objects(), "modules": _live_module_count()}
     if is_available():
         out["allocator_events"] = memory_stats(device)["pending_events"]
     return out
@@ -50,7 +56,7 @@ __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKerne
     "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
     "get_device_properties", "graph_pool_handle", "is_available", "live_driver_objects", "max_memory_allocated",
-    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
     "unavailable_reason",
 ]

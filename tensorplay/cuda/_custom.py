@@ -19,7 +19,6 @@ from .. import _dtypes as dt
 from .._stream import _as_stream, current_stream_handle_of
 from .._tensor_api import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
 from .._cuda import current_device
-from .._graph import note_capture_use
 from .._ops import _codegen, _kernels
 
 __all__ = ["RawKernel", "ElementwiseKernel"]
@@ -173,7 +172,6 @@ class RawKernel:
             handle = current_stream_handle_of(device)
         f = self._function(device)
         params = _pack(self._codes, args, device)
-        note_capture_use(*args)
         if shared_mem > 48 * 1024:
             f.set_max_dynamic_shared_memory(shared_mem)
         f.launch(grid, block, params, shared_mem, handle)
@@ -300,7 +298,6 @@ class ElementwiseKernel:
             arrays.append((var, o.dtype, True))
             strides.append(o.strides)
             ptrs.append(o.data_ptr())
-        note_capture_use(*ins, *outs)
         n = 1
         for s in shape:
             n *= s

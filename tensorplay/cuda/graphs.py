@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Union
 from .._alloc import graph_pool_handle
 from .._cuda import CudaError, current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
-from .._stream import Stream, current_stream, stream as use_stream
+from .._stream import current_stream, stream as use_stream, warmup_stream
 
 if TYPE_CHECKING:
     from .. import Tensor
@@ -351,7 +351,7 @@ def capture_callable(fn: Callable[..., Any], static_args: Sequence[Any], *, warm
     naming the cause; the graph is left reset.
     """
     cur = current_stream()
-    side = Stream(cur.device_index)
+    side = warmup_stream(cur.device_index)
     side.wait_stream(cur)
     with use_stream(side):
         for _ in range(warmup):

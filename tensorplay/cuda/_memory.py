@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A readable report of the caching allocator's state (``memory_summary``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._alloc import memory_snapshot, memory_stats
+
+_ROWS = (
+    ("Allocated memory", "allocated_bytes", True),
+    ("Active memory", "active_bytes", True),
+    ("Requested memory", "requested_bytes", True),
+    ("GPU reserved memory", "reserved_bytes", True),
+    ("Allocations", "allocation", False),
+    ("Active allocs", "active", False),
+    ("GPU reserved segments", "segment", False),
+)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary(device: Any = None) -> str:
+    """Describe the caching allocator of ``device`` as a table, in the layout
+    of ``torch.cuda.memory_summary``: current, peak, total allocated and total
+    freed of each counter (from large and small segments), the memory in free
+    pieces of split segments (fragmentation), and each pool's segments."""
+    return format_summary(memory_stats(device), memory_snapshot(device))
+
+
+def format_summary(st: dict[str, int], snapshot: list[dict[str, Any]]) -> str:
+    """The table of :func:`memory_summary` from a stats dict and a snapshot."""
+    lines = [f"{'Metric':<34}{'Cur Usage':>14}{'Peak Usage':>14}{'Tot Alloc':>14}{'Tot Freed':>14}"]
+    for title, key, is_bytes in _ROWS:
+        fmt = _size if is_bytes else str
+        for pool, label in (("all", title), ("large_pool", "  from large pool"), ("small_pool", "  from small pool")):
+            vals = [st[f"{key}.{pool}.{f}"] for f in ("current", "peak", "allocated", "freed")]
+            lines.append(f"{label:<34}" + "".join(f"{fmt(v):>14}" for v in vals))
+    lines.append(f"{'Non-releasable memory (split free)':<34}{_size(st['inactive_split_bytes.all.current']):>14}")
+    lines.append(f"{'Non-releasable allocs (split free)':<34}{st['inactive_split.all.current']:>14}")
+    lines.append(f"{'Pending record_stream frees':<34}{st['pending_events']:>14}")
+    lines.append(f"device alloc/free calls: {st['num_device_alloc']}/{st['num_device_free']}, "
+                 f"OOM retries: {st['num_alloc_retries']}, OOMs: {st['num_ooms']}")
+    pools: dict[int, list[dict[str, Any]]] = {}
+    for seg in snapshot:
+        pools.setdefault(seg["segment_pool_id"], []).append(seg)
+    for pid in sorted(pools):
+        segs = pools[pid]
+        name = "default pool" if pid == 0 else f"graph pool {pid} ({st.get(f'pool.{pid}.graph_refs', 0)} graphs)"
+        used = sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "allocated")
+        total = sum(s["total_size"] for s in segs)
+        lines.append(f"{name}: {len(segs)} segments, {_size(total)} reserved, {_size(used)} allocated")
+    return "\n".join(lines)
