@@ -124,6 +124,7 @@ def graph_pool_handle():
 
 # ------------------------------------------------------------------ backends
 
+@cython.auto_pickle(False)
 cdef class Backend:
     """Segments and events for one device's allocator (abstract)."""
 
@@ -589,11 +590,12 @@ cdef class DeviceAllocator:
 
     cdef void _close_body(self, CaptureState st, BodyFrame f) noexcept:
         cdef Block* b
+        cdef vector[Block*] deferred
         self.captures.pop(f.capture_id, None)
         st.aliases.pop(f.stream, None)
-        for b in f.deferred:
+        deferred.swap(f.deferred)
+        for b in deferred:
             self.release_hold(b)
-        f.deferred.clear()
 
     def end_capture(self, CaptureState st not None):
         """End ``st`` (also with bodies still open: an aborted capture): stop
@@ -609,9 +611,10 @@ cdef class DeviceAllocator:
         st.ended = True
         st.pool.capture = None
         g_open_captures -= 1
-        for b in st.deferred:
+        cdef vector[Block*] deferred
+        deferred.swap(st.deferred)
+        for b in deferred:
             self.release_hold(b)
-        st.deferred.clear()
         stack = getattr(_tls, "captures", None)
         if stack:
             for k in range(len(stack) - 1, -1, -1):
@@ -948,10 +951,12 @@ cdef class DeviceAllocator:
         if whole.empty():
             return 0
         # replays of graphs that released this pool may still be running
-        for ev in pool.release_events:
+        # (swapped out first: the wait releases the GIL)
+        cdef vector[uintptr_t] events
+        events.swap(pool.release_events)
+        for ev in events:
             self.backend.event_done(ev, True)
             self.event_cache.push_back(ev)
-        pool.release_events.clear()
         first_error = None
         for b in whole:
             try:
