@@ -31,6 +31,7 @@ import time
 import traceback
 
 import tensorplay as tp
+from tensorplay._alloc import segment_bytes
 from tensorplay.cuda import CUDAGraph
 
 MiB = 1 << 20
@@ -38,15 +39,6 @@ SIZES_MIB = (1, 4, 16, 64)          # the sized cycles' inputs, float32, in turn
 SIZED_EVERY = 4                     # one sized cycle after every 4 small ones
 
 
-def _segment_bytes(nbytes):
-    """The segment the allocator's (PyTorch's) policy creates for a request of
-    ``nbytes``: 2 MiB up to 1 MiB, 20 MiB under 10 MiB, else its own rounded to 2 MiB."""
-    r = max(512, -(-nbytes // 512) * 512)
-    if r <= MiB:
-        return 2 * MiB
-    if r < 10 * MiB:
-        return 20 * MiB
-    return -(-r // (2 * MiB)) * (2 * MiB)
 
 
 def baseline():
@@ -118,7 +110,7 @@ def cycles_phase(n):
     reserved_cycles = tp.cuda.memory_reserved()          # before any empty_cache
     if reserved_first is None:                           # fewer cycles than one round of sizes
         reserved_first = reserved_cycles
-    slack = _segment_bytes(max(SIZES_MIB) * MiB)         # one segment of the largest size
+    slack = segment_bytes(max(SIZES_MIB) * MiB)         # one segment of the largest size
     reserved1, live1 = baseline()
     return {"cycles": n, "sized_cycles": n_sized, "sizes_mib": list(SIZES_MIB),
             "wrong_results": bad, "seconds": round(elapsed, 1),

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tensorplay._alloc import DeviceAllocator, FakeBackend, _note_capture_use
+from tensorplay._alloc import DeviceAllocator, FakeBackend, _note_capture_use, segment_bytes
 from tensorplay.cuda import OutOfMemoryError
 
 KiB = 1 << 10
@@ -73,6 +73,7 @@ class Capture:
     (10 * MiB, 10 * MiB), (13 * MiB, 14 * MiB), (64 * MiB, 64 * MiB),   # own segment, 2 MiB rounding
 ])
 def test_segment_sizes_follow_pytorch(size, segment):
+    assert segment_bytes(size) == segment
     a, fb = make()
     x = a.allocate(size, S0)
     assert reserved(a) == segment
@@ -408,7 +409,7 @@ def test_capture_and_reset_cycles_do_not_grow_reserved_memory():
         del y
         levels.append(reserved(a))
     assert levels[-1] == levels[0] == 2 * MiB       # x's small segment only
-    assert a.stats()["num_pools"] == 1
+    assert a.stats()["num_pools"] == 1 and x.pool_id == 0
 
 
 def test_oom_releases_the_cache_and_retries():

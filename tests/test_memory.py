@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
+from tensorplay._alloc import segment_bytes
 from tensorplay.cuda import CUDAGraph
 from gpu_helpers import spin
 
@@ -48,14 +49,6 @@ def _settle():
     return tp.cuda.memory_reserved()
 
 
-def _segment_bytes(nbytes):
-    """The segment PyTorch's policy creates for a request of ``nbytes``."""
-    r = max(512, -(-nbytes // 512) * 512)
-    if r <= MiB:
-        return 2 * MiB
-    if r < 10 * MiB:
-        return 20 * MiB
-    return -(-r // (2 * MiB)) * (2 * MiB)
 
 
 def _step(box):
@@ -93,7 +86,7 @@ def test_eager_loop_reserves_nothing_after_the_first_iteration(mib):
     first = tp.cuda.memory_reserved()
     # the first y needs at most one segment of its size class (x's own segment
     # may already have room: 1 MiB x's 2 MiB small segment, 4/8 MiB x's 20 MiB one)
-    assert first - base <= _segment_bytes(mib * MiB)
+    assert first - base <= segment_bytes(mib * MiB)
     for _ in range(199):
         y = x * 2.0
         del y

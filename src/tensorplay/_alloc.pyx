@@ -73,6 +73,13 @@ cdef inline size_t segment_size(size_t rsize) noexcept nogil:
     return (rsize + LARGE_ROUND - 1) // LARGE_ROUND * LARGE_ROUND
 
 
+def segment_bytes(size_t nbytes):
+    """The size of the segment a request of ``nbytes`` gets when no cached
+    block holds it (PyTorch's rule: 2 MiB up to 1 MiB, 20 MiB under 10 MiB,
+    else the request rounded up to 2 MiB)."""
+    return segment_size(round_size(nbytes))
+
+
 cdef inline FreeKey free_key(Block* b) noexcept nogil:
     return FreeKey(b.stream, pair[size_t, uintptr_t](b.size, <uintptr_t>b.ptr))
 
