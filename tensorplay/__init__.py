@@ -10,6 +10,7 @@ from ._dtypes import (ALL_DTYPES, bfloat16, bool_, dtype, float16, float32, floa
 from ._interop import as_tensor, from_dlpack
 from ._config import config, show_config
 from ._nvrtc import NVRTCError
+from ._version import __version__  # written by meson from meson.build
 from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
                       ones_like, tensor, zeros, zeros_like)
 
@@ -29,8 +30,6 @@ double = float64
 long = int64
 int = int32  # noqa: A001
 short = int16
-
-__version__ = "0.1.0"
 
 __all__ = sorted(_methods_mod.FUNCTIONS) + ["can_cast", "config", "promote_types", "result_type",
                                              "show_config"] + [

@@ -18,8 +18,10 @@ def test_docs_build_without_warnings(tmp_path):
     pytest.importorskip("myst_parser")
     if shutil.which("dot") is None:
         pytest.skip("Graphviz 'dot' is not installed (the debugging guide renders a DOT picture)")
-    out = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q",
-                          DOCS, str(tmp_path / "html")], capture_output=True, text=True, cwd="/",
+    # the README's command, from the repository root: -P keeps the source
+    # folder tensorplay/ off sys.path, so the installed package is documented
+    out = subprocess.run([sys.executable, "-P", "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q",
+                          "docs", str(tmp_path / "html")], capture_output=True, text=True, cwd=ROOT,
                          timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     html = (tmp_path / "html" / "api.html").read_text()
