@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import platform
 import sys
+from typing import IO, Any
 
 
-def config() -> dict:
+def config() -> dict[str, Any]:
     """Versions of tensorplay, Python, NumPy, cuda-bindings, NVRTC and the
     driver, and the GPUs seen (empty without a driver)."""
     import numpy
 
     from . import __version__, cuda
     from ._nvrtc import nvrtc_version
-    info = {"tensorplay": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
+    info: dict[str, Any] = {"tensorplay": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
             "numpy": numpy.__version__}
     try:
         from cuda.bindings import __version__ as cb
@@ -36,7 +37,7 @@ def config() -> dict:
     return info
 
 
-def show_config(file=None) -> None:
+def show_config(file: IO[str] | None = None) -> None:
     """Print :func:`config` one item a line."""
     for k, v in config().items():
         if isinstance(v, list):

@@ -141,7 +141,7 @@ class RawKernel:
         self.name = name
         self.options = tuple(str(o) for o in options)
         self._codes = parse_signature(source, name)
-        self._functions = {}
+        self._functions: dict[int, Any] = {}
 
     def _function(self, device):
         f = self._functions.get(device)
@@ -240,8 +240,8 @@ class ElementwiseKernel:
         outs = list(args[n_in:]) or [kwargs.pop(v, None) for _, v in self.out_params]
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
-        ins = [a if isinstance(a, (Tensor, numbers.Number, np.generic)) else _as_source(a) for a in args[:n_in]]
-        bound = {}
+        ins: list[Any] = [a if isinstance(a, (Tensor, numbers.Number, np.generic)) else _as_source(a) for a in args[:n_in]]
+        bound: dict[str, dt.dtype] = {}
 
         def bind(typ, d, what):
             if not _is_placeholder(typ):
