@@ -9,8 +9,16 @@ from typing import IO, Any
 
 
 def config() -> dict[str, Any]:
-    """Versions of tensorplay, Python, NumPy, cuda-bindings, NVRTC and the
-    driver, and the GPUs seen (empty without a driver)."""
+    """Return the versions of tensorplay and its dependencies and the GPUs seen, for bug reports.
+
+    Returns
+    -------
+    dict
+        ``tensorplay``, ``python``, ``platform``, ``numpy``,
+        ``cuda-bindings``, ``nvrtc``, ``driver`` (None without one) and
+        ``gpus`` (``"index: name (sm_XY)"`` each; empty without a driver,
+        and then ``cuda`` says why).
+    """
     import numpy
 
     from . import __version__, cuda
@@ -38,7 +46,13 @@ def config() -> dict[str, Any]:
 
 
 def show_config(file: IO[str] | None = None) -> None:
-    """Print :func:`config` one item a line."""
+    """Print :func:`config`, one item a line.
+
+    Parameters
+    ----------
+    file : file-like, optional
+        Where to print; default ``sys.stdout``.
+    """
     for k, v in config().items():
         if isinstance(v, list):
             v = "; ".join(v) if v else "none"

@@ -19,16 +19,12 @@ class device:
         ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, or a device to copy.
     index : int, optional
         The CUDA device index, when ``type`` has none.
-
-    Attributes
-    ----------
-    type : {'cpu', 'cuda'}
-        The kind of device.
-    index : int or None
-        The CUDA device index, or None (the CPU, or the current CUDA device).
     """
 
-    __slots__ = ("type", "index")
+    __slots__ = {
+        "type": 'The kind of device: ``"cpu"`` or ``"cuda"``.',
+        "index": "The CUDA device index, or None (the CPU, or the current CUDA device).",
+    }
     type: Literal["cpu", "cuda"]
     index: int | None
 

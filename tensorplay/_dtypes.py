@@ -20,22 +20,21 @@ class dtype:
     Compare dtypes with ``is`` or ``==``; a dtype is also equal to its name
     (``tensorplay.float32 == "float32"``). The dtypes are the only instances;
     do not make new ones.
-
-    Attributes
-    ----------
-    name : str
-        The name: ``"float32"``, ``"bfloat16"``, ...
-    code : int
-        Its index in :data:`ALL_DTYPES`.
-    itemsize : int
-        Bytes per element.
-    kind : str
-        ``"b"`` bool, ``"u"`` unsigned, ``"i"`` signed integer, ``"f"`` floating.
-    ctype : str
-        The storage type in generated CUDA C.
     """
 
-    __slots__ = ("name", "code", "itemsize", "kind", "ctype", "_np")
+    __slots__ = {
+        "name": 'The name: ``"float32"``, ``"bfloat16"``, ...',
+        "code": "Its index in :data:`ALL_DTYPES`.",
+        "itemsize": "The size of one element in bytes.",
+        "kind": '``"b"`` bool, ``"u"`` unsigned, ``"i"`` signed integer, ``"f"`` floating.',
+        "ctype": "The storage type in generated CUDA C.",
+        "_np": "The NumPy dtype, or None.",
+    }
+    name: str
+    code: int
+    itemsize: int
+    kind: str
+    ctype: str
 
     def __init__(self, name: str, code: int, itemsize: int, kind: str, ctype: str,
                  np_dtype: np.dtype[Any] | None) -> None:

@@ -60,12 +60,10 @@ class CUDAGraphified(Generic[P, R]):
     clone_outputs : bool, optional
         Return copies of the static outputs instead of the outputs themselves
         (which the next call with the same signature overwrites).
-
-    Attributes
-    ----------
-    num_captures : int
-        How many graphs have been captured.
     """
+
+    #: How many graphs have been captured (one per input signature seen).
+    num_captures: int
 
     def __init__(self, fn: Callable[P, R], *, warmup: int = 2, pool: PoolLike = None,
                  capture_error_mode: CaptureErrorMode = "thread_local", clone_outputs: bool = False) -> None:

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._alloc import memory_snapshot, memory_stats
+
+if TYPE_CHECKING:
+    from ..types import DeviceLike
 
 _ROWS = (
     ("Allocated memory", "allocated_bytes", True),
@@ -26,11 +29,18 @@ def _size(n: float) -> str:
     return str(n)
 
 
-def memory_summary(device: Any = None) -> str:
-    """Describe the caching allocator of ``device`` as a table, in the layout
-    of ``torch.cuda.memory_summary``: current, peak, total allocated and total
-    freed of each counter (from large and small segments), the memory in free
-    pieces of split segments (fragmentation), and each pool's segments."""
+def memory_summary(device: DeviceLike = None) -> str:
+    """Return a table describing the caching allocator of ``device``, as ``torch.cuda.memory_summary``.
+
+    Current, peak, total allocated and total freed of each counter (from
+    large and small segments), the memory in free pieces of split segments
+    (fragmentation), and each pool's segments.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return format_summary(memory_stats(device), memory_snapshot(device))
 
 
