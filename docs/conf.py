@@ -25,6 +25,7 @@ extensions = [
     "sphinx.ext.intersphinx",
     "sphinx.ext.graphviz",
     "myst_parser",
+    "stub_signatures",   # docs/stub_signatures.py: signatures and types from the stubs
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build", "_inventories"]
@@ -32,7 +33,12 @@ myst_heading_anchors = 3
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+autodoc_typehints = "signature"
+# the types of the signatures are written fully qualified (so that they link)
+# and shown by their last component
+python_use_unqualified_type_names = True
+# a documented function or method that no stub declares is an error (-W)
+stub_signatures_strict = True
 graphviz_output_format = "svg"
 html_theme = "alabaster"
 html_static_path: list[str] = []

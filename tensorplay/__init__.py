@@ -15,6 +15,7 @@ from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, f
                       ones_like, tensor, zeros, zeros_like)
 
 from ._ops import _methods as _methods_mod
+from . import return_types, types
 from ._ops._promotion import can_cast, promote_types, result_type
 # importing _indexing registers its device-side index-error check with every host read
 from ._ops._indexing import check_device_errors as _check_device_errors  # noqa: F401
@@ -23,6 +24,9 @@ from .cuda._custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in t
 _methods_mod.install(Tensor)
 globals().update(_methods_mod.FUNCTIONS)
 
+# PyTorch's dtype aliases. tensorplay.bool, .int and .float are attributes, as
+# torch.bool, but not in __all__: ``from tensorplay import *`` must leave the
+# builtins bool, int and float alone (tensorplay.bool_ is exported instead).
 bool = bool_   # noqa: A001 - tensorplay.bool, as torch.bool
 half = float16
 float = float32  # noqa: A001
@@ -33,9 +37,9 @@ short = int16
 
 __all__ = sorted(_methods_mod.FUNCTIONS) + ["can_cast", "config", "promote_types", "result_type",
                                              "show_config"] + [
-    "ALL_DTYPES", "NVRTCError", "Tensor", "arange", "as_tensor", "bfloat16", "bool", "cuda",
-    "device", "double", "dtype", "empty", "empty_like", "float", "float16", "float32", "float64",
-    "from_dlpack", "from_numpy", "full", "full_like", "half", "int", "int8", "int16", "int32",
+    "ALL_DTYPES", "NVRTCError", "Tensor", "arange", "as_tensor", "bfloat16", "bool_", "cuda",
+    "device", "double", "dtype", "empty", "empty_like", "float16", "float32", "float64",
+    "from_dlpack", "from_numpy", "full", "full_like", "half", "int8", "int16", "int32",
     "int64", "is_tensor", "long", "ones", "ones_like", "short", "tensor", "uint8", "zeros",
     "zeros_like",
 ]

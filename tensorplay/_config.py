@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import platform
 import sys
+from typing import IO, Any
 
 
-def config() -> dict:
-    """Versions of tensorplay, Python, NumPy, cuda-bindings, NVRTC and the
-    driver, and the GPUs seen (empty without a driver)."""
+def config() -> dict[str, Any]:
+    """Return the versions of tensorplay and its dependencies and the GPUs seen, for bug reports.
+
+    Returns
+    -------
+    dict
+        ``tensorplay``, ``python``, ``platform``, ``numpy``,
+        ``cuda-bindings``, ``nvrtc``, ``driver`` (None without one) and
+        ``gpus`` (``"index: name (sm_XY)"`` each; empty without a driver,
+        and then ``cuda`` says why).
+    """
     import numpy
 
     from . import __version__, cuda
     from ._nvrtc import nvrtc_version
-    info = {"tensorplay": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
+    info: dict[str, Any] = {"tensorplay": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
             "numpy": numpy.__version__}
     try:
         from cuda.bindings import __version__ as cb
@@ -36,8 +45,14 @@ def config() -> dict:
     return info
 
 
-def show_config(file=None) -> None:
-    """Print :func:`config` one item a line."""
+def show_config(file: IO[str] | None = None) -> None:
+    """Print :func:`config`, one item a line.
+
+    Parameters
+    ----------
+    file : file-like, optional
+        Where to print; default ``sys.stdout``.
+    """
     for k, v in config().items():
         if isinstance(v, list):
             v = "; ".join(v) if v else "none"

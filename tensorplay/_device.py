@@ -3,14 +3,32 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 
 class device:
-    """A device: ``device('cpu')``, ``device('cuda')``, ``device('cuda:1')``,
-    ``device('cuda', 1)``. Equal to its string form."""
+    """A device where tensors live: ``device('cpu')``, ``device('cuda')``, ``device('cuda:1')``.
 
-    __slots__ = ("type", "index")
+    As ``torch.device``: ``device('cuda', 1)`` is ``device('cuda:1')``, and a
+    device is equal to its string form (``device('cuda:0') == 'cuda:0'``).
+    ``device('cuda')`` without an index means the current CUDA device.
 
-    def __init__(self, type, index=None):
+    Parameters
+    ----------
+    type : str or device
+        ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, or a device to copy.
+    index : int, optional
+        The CUDA device index, when ``type`` has none.
+    """
+
+    __slots__ = {
+        "type": 'The kind of device: ``"cpu"`` or ``"cuda"``.',
+        "index": "The CUDA device index, or None (the CPU, or the current CUDA device).",
+    }
+    type: Literal["cpu", "cuda"]
+    index: int | None
+
+    def __init__(self, type: str | device, index: int | None = None) -> None:
         if isinstance(type, device):
             if index is not None:
                 raise ValueError("index given twice")
@@ -38,16 +56,16 @@ class device:
                 raise ValueError("the CPU device has no index other than 0")
             if s == "cpu":
                 index = None
-        self.type = s
+        self.type = "cpu" if s == "cpu" else "cuda"
         self.index = index
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.type if self.index is None else f"{self.type}:{self.index}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"device(type={self.type!r}" + (f", index={self.index})" if self.index is not None else ")")
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
             try:
                 other = device(other)
@@ -57,7 +75,7 @@ class device:
             return NotImplemented
         return self.type == other.type and self.index == other.index
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.type, self.index))
 
 
@@ -65,7 +83,7 @@ import builtins as _builtins
 builtins_type = _builtins.type
 
 
-def as_device(spec):
+def as_device(spec: Any) -> device:
     """Normalise ``spec`` to a device; ints mean CUDA device indices."""
     if isinstance(spec, device):
         return spec

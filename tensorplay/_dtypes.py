@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 try:
@@ -13,11 +15,29 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 
 class dtype:
-    """An element type. Compare with ``is`` or ``==``; also equal to its name."""
+    """An element type: ``tensorplay.float32`` and the others below.
 
-    __slots__ = ("name", "code", "itemsize", "kind", "ctype", "_np")
+    Compare dtypes with ``is`` or ``==``; a dtype is also equal to its name
+    (``tensorplay.float32 == "float32"``). The dtypes are the only instances;
+    do not make new ones.
+    """
 
-    def __init__(self, name, code, itemsize, kind, ctype, np_dtype):
+    __slots__ = {
+        "name": 'The name: ``"float32"``, ``"bfloat16"``, ...',
+        "code": "Its index in :data:`ALL_DTYPES`.",
+        "itemsize": "The size of one element in bytes.",
+        "kind": '``"b"`` bool, ``"u"`` unsigned, ``"i"`` signed integer, ``"f"`` floating.',
+        "ctype": "The storage type in generated CUDA C.",
+        "_np": "The NumPy dtype, or None.",
+    }
+    name: str
+    code: int
+    itemsize: int
+    kind: str
+    ctype: str
+
+    def __init__(self, name: str, code: int, itemsize: int, kind: str, ctype: str,
+                 np_dtype: np.dtype[Any] | None) -> None:
         self.name = name
         self.code = code
         self.itemsize = itemsize
@@ -26,33 +46,36 @@ class dtype:
         self._np = np_dtype
 
     @property
-    def is_floating_point(self):
+    def is_floating_point(self) -> bool:
+        """True for float16, bfloat16, float32 and float64."""
         return self.kind == "f"
 
     @property
-    def is_signed(self):
+    def is_signed(self) -> bool:
+        """True for the signed integer and the floating types."""
         return self.kind in "if"
 
     @property
-    def numpy_dtype(self):
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype of CPU tensors of this dtype (bfloat16's from ``ml_dtypes``)."""
         if self._np is None:
             raise TypeError(f"{self.name} has no NumPy dtype (install ml_dtypes)")
         return self._np
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"tensorplay.{self.name}"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, dtype):
             return other is self
         if isinstance(other, str):
             return other == self.name
         return NotImplemented
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self.name)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_by_name, (self.name,))
 
 

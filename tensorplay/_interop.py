@@ -32,10 +32,32 @@ def _check_device_pointer(ptr, device, what):
         raise ValueError(f"{what}: pointer {ptr:#x} belongs to cuda:{ordinal}, not cuda:{device}")
 
 
-def from_dlpack(obj):
-    """Make a tensor sharing memory with ``obj`` (anything with ``__dlpack__``,
-    or a DLPack capsule). For CUDA data the producer is asked to order its
-    work before this thread's current stream."""
+def from_dlpack(ext_tensor):
+    """Make a tensor sharing memory with ``ext_tensor`` through DLPack.
+
+    For CUDA data the producer is asked (through the ``stream`` argument of
+    ``__dlpack__``) to order its pending work before this thread's current
+    stream, so the tensor can be used at once. No copy is made; the tensor
+    keeps the producer's memory alive.
+
+    Parameters
+    ----------
+    ext_tensor : object
+        Anything with ``__dlpack__`` and ``__dlpack_device__`` (a PyTorch,
+        CuPy, JAX or NumPy array), or an unconsumed DLPack capsule.
+
+    Returns
+    -------
+    Tensor
+        A CUDA tensor over the same device memory, or a CPU tensor over the
+        same host memory.
+
+    Raises
+    ------
+    BufferError
+        For devices other than the CPU and CUDA, and for unsupported dtypes.
+    """
+    obj = ext_tensor
     if type(obj).__name__ == "PyCapsule":
         capsule = obj
     else:
@@ -104,12 +126,31 @@ def _from_cuda_array_interface(obj):
     return _new_cuda(storage, ptr, shape, strides, d, dev)
 
 
-def as_tensor(obj, dtype=None, device=None):
-    """Make a tensor from ``obj``, sharing memory where possible: tensors are
-    returned as they are, objects with ``__cuda_array_interface__`` or
-    ``__dlpack__`` are wrapped without a copy, NumPy arrays become CPU tensors
-    over the same memory. A copy happens only when ``dtype`` or ``device``
-    asks for one."""
+def as_tensor(data, dtype=None, device=None):
+    """Make a tensor from ``data``, sharing its memory where possible.
+
+    Tensors are returned as they are; objects with
+    ``__cuda_array_interface__`` (v3) or ``__dlpack__`` are wrapped without
+    a copy; NumPy arrays become CPU tensors over the same memory; anything
+    else is copied as :func:`tensor` does. A copy also happens when
+    ``dtype`` or ``device`` asks for one.
+
+    Parameters
+    ----------
+    data : object
+        A tensor, an object exporting device or host memory, a NumPy array,
+        or nested sequences of numbers.
+    dtype : dtype, str or None, optional
+        The dtype wanted; default the data's own.
+    device : device, str, int or None, optional
+        The device wanted; default where the data is.
+
+    Returns
+    -------
+    Tensor
+        A tensor sharing ``data``'s memory when no conversion was needed.
+    """
+    obj = data
     if isinstance(obj, Tensor):
         t = obj
     elif hasattr(obj, "__cuda_array_interface__"):

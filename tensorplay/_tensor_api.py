@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import numbers
 import operator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -166,9 +167,28 @@ def _flat_iter(x):
 
 # ------------------------------------------------------------------ creation
 
-def tensor(data, dtype=None, device=None):
-    """Make a new tensor holding a copy of ``data`` (nested lists, scalars, NumPy
-    arrays, tensors). Python floats default to float32, ints to int64."""
+def tensor(data, *, dtype=None, device=None):
+    """Make a new tensor holding a copy of ``data``.
+
+    As ``torch.tensor``: Python floats give float32, ints int64, bools bool;
+    NumPy arrays keep their dtype.
+
+    Parameters
+    ----------
+    data : object
+        A number, nested sequences of numbers, a NumPy array or a tensor.
+    dtype : dtype, str or None, optional
+        The dtype; by default inferred from ``data``.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        A new tensor; for CUDA, the host data is copied in with
+        cuMemcpyHtoDAsync on the current stream.
+    """
     dev = _resolve_device(device)
     arr, d = _to_numpy_data(data, dtype)
     if dev < 0:
@@ -178,8 +198,23 @@ def tensor(data, dtype=None, device=None):
     return out
 
 
-def from_numpy(array):
-    """Wrap a NumPy array as a CPU tensor without copying (they share memory)."""
+def from_numpy(ndarray):
+    """Make a CPU tensor sharing memory with the NumPy array ``ndarray``.
+
+    Writes through either are seen by the other. bfloat16 arrays come from
+    ``ml_dtypes``.
+
+    Parameters
+    ----------
+    ndarray : numpy.ndarray
+        An array of a supported dtype in native byte order.
+
+    Returns
+    -------
+    Tensor
+        A CPU tensor over the array's memory.
+    """
+    array = ndarray
     if not isinstance(array, np.ndarray):
         raise TypeError(f"expected a numpy.ndarray, got {type(array).__name__}")
     if not array.dtype.isnative:
@@ -188,7 +223,26 @@ def from_numpy(array):
 
 
 def empty(*size, dtype=None, device=None):
-    """Make an uninitialised tensor (CUDA memory comes from the caching allocator)."""
+    """Make a tensor of shape ``size`` without initialising its elements.
+
+    CUDA memory comes from the caching allocator, ordered on the current
+    stream (inside a capture, from the capture's pool).
+
+    Parameters
+    ----------
+    *size : int or sequence of int
+        The shape: ``empty(2, 3)``, ``empty((2, 3))`` or ``empty([2, 3])``.
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
     shape = _parse_size(size)
     d = _resolve_dtype(dtype)
     dev = _resolve_device(device)
@@ -198,19 +252,70 @@ def empty(*size, dtype=None, device=None):
 
 
 def zeros(*size, dtype=None, device=None):
-    """Make a tensor of zeros."""
+    """Make a tensor of shape ``size`` filled with zeros.
+
+    On CUDA the memory is cleared with cuMemsetD8Async on the current stream.
+
+    Parameters
+    ----------
+    *size : int or sequence of int
+        The shape.
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
     t = empty(*size, dtype=dtype, device=device)
     return t.zero_()
 
 
 def ones(*size, dtype=None, device=None):
-    """Make a tensor of ones."""
+    """Make a tensor of shape ``size`` filled with ones.
+
+    Parameters
+    ----------
+    *size : int or sequence of int
+        The shape.
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
     return empty(*size, dtype=dtype, device=device).fill_(1)
 
 
-def full(size, fill_value, dtype=None, device=None):
-    """Make a tensor filled with ``fill_value``; its dtype follows the value
-    (bool, int64 or float32) when not given."""
+def full(size, fill_value, *, dtype=None, device=None):
+    """Make a tensor of shape ``size`` filled with ``fill_value``.
+
+    Parameters
+    ----------
+    size : int or sequence of int
+        The shape.
+    fill_value : bool, int or float
+        The value, cast to the dtype.
+    dtype : dtype, str or None, optional
+        By default the value's: bool, int64 or float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
     if dtype is None:
         if isinstance(fill_value, (bool, np.bool_)):
             dtype = dt.bool_
@@ -223,8 +328,30 @@ def full(size, fill_value, dtype=None, device=None):
     return empty(size, dtype=dtype, device=device).fill_(fill_value)
 
 
-def arange(start, end=None, step=1, dtype=None, device=None):
-    """Values from ``start`` up to (not including) ``end`` by ``step``."""
+def arange(start, end=None, step=1, *, dtype=None, device=None):
+    """Make a 1-D tensor of the values from ``start`` up to (not including) ``end`` by ``step``.
+
+    ``arange(n)`` counts from 0 to ``n - 1``.
+
+    Parameters
+    ----------
+    start : int or float
+        The first value (or, alone, ``end``, counting from 0).
+    end : int or float, optional
+        The bound, not included.
+    step : int or float, optional
+        The spacing, nonzero; default 1.
+    dtype : dtype, str or None, optional
+        By default int64 when every argument is an int, else float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The values.
+    """
     if end is None:
         start, end = 0, start
     for v in (start, end, step):
@@ -246,27 +373,105 @@ def _like(t, dtype, device):
     return (t.dtype if dtype is None else dtype), (t.device if device is None else device)
 
 
-def empty_like(t, dtype=None, device=None):
-    d, dev = _like(t, dtype, device)
-    return empty(t.shape, dtype=d, device=dev)
+def empty_like(input, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape without initialising its elements.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = _like(input, dtype, device)
+    return empty(input.shape, dtype=d, device=dev)
 
 
-def zeros_like(t, dtype=None, device=None):
-    d, dev = _like(t, dtype, device)
-    return zeros(t.shape, dtype=d, device=dev)
+def zeros_like(input, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape filled with zeros.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = _like(input, dtype, device)
+    return zeros(input.shape, dtype=d, device=dev)
 
 
-def ones_like(t, dtype=None, device=None):
-    d, dev = _like(t, dtype, device)
-    return ones(t.shape, dtype=d, device=dev)
+def ones_like(input, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape filled with ones.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = _like(input, dtype, device)
+    return ones(input.shape, dtype=d, device=dev)
 
 
-def full_like(t, fill_value, dtype=None, device=None):
-    d, dev = _like(t, dtype, device)
-    return full(t.shape, fill_value, dtype=d, device=dev)
+def full_like(input, fill_value, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape filled with ``fill_value``.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    fill_value : bool, int or float
+        The value, cast to the dtype.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = _like(input, dtype, device)
+    return full(input.shape, fill_value, dtype=d, device=dev)
 
 
 def is_tensor(obj):
+    """Test whether ``obj`` is a :class:`Tensor`.
+
+    Parameters
+    ----------
+    obj : object
+        Anything.
+
+    Returns
+    -------
+    bool
+        ``isinstance(obj, tensorplay.Tensor)``.
+    """
     return isinstance(obj, Tensor)
 
 
@@ -274,7 +479,7 @@ def is_tensor(obj):
 
 # Called with a device index at every synchronizing host read, so kernels that
 # flag errors on the device (out-of-range device indices) are reported there.
-device_error_checks = []
+device_error_checks: list[Callable[[int], None]] = []
 
 
 def run_device_error_checks(dev):
@@ -435,19 +640,45 @@ class Tensor(TensorBase):
 
     @property
     def dtype(self):
+        """The element type, a :class:`tensorplay.dtype`."""
         return dt.ALL_DTYPES[self._dtype_code_]
 
     @property
     def device(self):
+        """Where the tensor lives, a :class:`tensorplay.device` (``cpu`` or ``cuda:N``)."""
         i = self._device_index_
         return _device_cls("cpu") if i < 0 else _device_cls("cuda", i)
 
     def size(self, dim=None):
+        """Return the shape, or the size of dimension ``dim``.
+
+        Parameters
+        ----------
+        dim : int, optional
+            A dimension (negative counts from the end).
+
+        Returns
+        -------
+        tuple of int or int
+            :attr:`shape` without ``dim``, ``shape[dim]`` with it.
+        """
         if dim is None:
             return self.shape
         return self.shape[self._dim(dim)]
 
     def stride(self, dim=None):
+        """Return the strides in elements, or the stride of dimension ``dim``.
+
+        Parameters
+        ----------
+        dim : int, optional
+            A dimension (negative counts from the end).
+
+        Returns
+        -------
+        tuple of int or int
+            :attr:`strides` without ``dim``, ``strides[dim]`` with it.
+        """
         if dim is None:
             return self.strides
         return self.strides[self._dim(dim)]
@@ -465,6 +696,11 @@ class Tensor(TensorBase):
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
     def __repr__(self):
         arr = self.numpy()
         body = np.array2string(arr.astype(np.float32) if self.dtype is dt.bfloat16 else arr,
@@ -479,8 +715,12 @@ class Tensor(TensorBase):
     # ---------------------------------------------------------------- movement
 
     def numpy(self):
-        """Return the values as a NumPy array: the same memory for CPU tensors,
-        a host copy for CUDA tensors (waits for the current stream)."""
+        """Return the values as a NumPy array.
+
+        For CPU tensors the array shares this tensor's memory; for CUDA
+        tensors it is a host copy (cuMemcpyDtoHAsync, then the current stream
+        is waited for, so it cannot be captured).
+        """
         if self.is_cpu:
             return self._array_
         return _download(self)
@@ -503,6 +743,11 @@ class Tensor(TensorBase):
             float(self.numpy().reshape(()).astype(np.float32))
 
     def tolist(self):
+        """Return the values as nested Python lists (a Python scalar for a 0-d tensor).
+
+        CUDA tensors are copied to the host first (waits for the current
+        stream, so it cannot be captured); bfloat16 values become floats.
+        """
         a = self.numpy()
         if self.dtype is dt.bfloat16:
             a = a.astype(np.float32)
@@ -534,9 +779,31 @@ class Tensor(TensorBase):
         return self.to(_device_cls("cuda", idx))
 
     def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
-        """Return the tensor on another device and/or dtype: ``to('cuda')``,
-        ``to(tensorplay.float16)``, ``to('cuda:0', tensorplay.float16)``,
-        ``to(other_tensor)``. Returns self when nothing changes and ``copy`` is False."""
+        """Return this tensor on another device and/or with another dtype.
+
+        ``to('cuda')``, ``to(tensorplay.float16)``,
+        ``to('cuda:0', tensorplay.float16)``, ``to(other_tensor)`` (its device
+        and dtype), or the keywords.
+
+        Parameters
+        ----------
+        *args : device, str, int, dtype or Tensor
+            A device and/or a dtype, or a tensor to match.
+        dtype : dtype, str or None, optional
+            The dtype wanted.
+        device : device, str, int or None, optional
+            The device wanted.
+        copy : bool, optional
+            Copy even when nothing changes.
+        non_blocking : bool, optional
+            Accepted for PyTorch compatibility; copies are always ordered
+            on the current stream.
+
+        Returns
+        -------
+        Tensor
+            ``self`` when nothing changes and ``copy`` is False, else a new tensor.
+        """
         for a in args:
             if isinstance(a, Tensor):
                 device, dtype = a.device, a.dtype
@@ -564,13 +831,30 @@ class Tensor(TensorBase):
         return self if self.is_contiguous() else self.clone()
 
     def copy_(self, src, non_blocking=False):
-        """Copy ``src`` into this tensor in place: any device pair, dtype casts,
-        broadcasting of ``src`` to this shape, any layout. Asynchronous on the
-        current stream for CUDA destinations."""
+        """Copy ``src`` into this tensor, in place.
+
+        Any device pair, dtype casts, broadcasting of ``src`` to this shape
+        and any layout. Asynchronous on the current stream for CUDA
+        destinations (cuMemcpyAsync for contiguous same-dtype copies, a
+        generated copy kernel otherwise).
+
+        Parameters
+        ----------
+        src : Tensor, array-like or number
+            The values; NumPy arrays, sequences, numbers and objects with
+            ``__cuda_array_interface__`` or ``__dlpack__`` are accepted.
+        non_blocking : bool, optional
+            Accepted for PyTorch compatibility.
+
+        Returns
+        -------
+        Tensor
+            ``self``.
+        """
         return copy_into(self, src)
 
     def fill_(self, value):
-        """Fill with ``value`` (cast to this dtype), in place."""
+        """Fill this tensor with ``value`` (cast to its dtype), in place; return ``self``."""
         return _fill_scalar(self, value)
 
     def zero_(self):
@@ -582,13 +866,27 @@ class Tensor(TensorBase):
         return _fill_scalar(self, 0)
 
     def record_stream(self, stream):
+        """Mark this tensor's memory as in use by ``stream``.
+
+        When the tensor dies, the caching allocator reuses its memory only
+        after the work queued on ``stream`` by then has finished (an event
+        recorded there, cuEventRecord), as ``torch.Tensor.record_stream``.
+
+        Parameters
+        ----------
+        stream : Stream
+            A stream of this tensor's device.
+        """
         return TensorBase.record_stream(self, stream)
 
     # ---------------------------------------------------------------- interop
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        """Export through DLPack. For CUDA tensors, ``stream`` is the consumer's
-        stream: it is made to wait for this device's current stream."""
+        """Export this tensor through DLPack (the ``__dlpack__`` protocol).
+
+        For CUDA tensors, ``stream`` is the consumer's stream: it is made to
+        wait for this device's current stream (an event, cuStreamWaitEvent).
+        """
         if dl_device is not None and tuple(dl_device) != tuple(self.__dlpack_device__()):
             if tuple(dl_device)[0] == 1:
                 return self.cpu().__dlpack__(max_version=max_version, copy=False)
@@ -638,18 +936,76 @@ class Tensor(TensorBase):
             copy_into(target, value)
 
     def view(self, *shape):
+        """Return a view of the same memory with another shape.
+
+        Parameters
+        ----------
+        *shape : int or sequence of int
+            The new shape, with the same number of elements; one entry may
+            be -1 (inferred).
+
+        Returns
+        -------
+        Tensor
+            A view sharing this tensor's storage.
+
+        Raises
+        ------
+        ValueError
+            If the shape does not fit, or the strides do not allow a view
+            (use :meth:`reshape`).
+        """
         from ._ops._views import view
         return view(self, _parse_view_shape(shape, self.numel()))
 
     def reshape(self, *shape):
+        """Return the elements with another shape: a view when the strides allow one, else a copy.
+
+        Parameters
+        ----------
+        *shape : int or sequence of int
+            The new shape, with the same number of elements; one entry may
+            be -1 (inferred).
+
+        Returns
+        -------
+        Tensor
+            A view or a contiguous copy.
+        """
         from ._ops._views import reshape
         return reshape(self, _parse_view_shape(shape, self.numel()))
 
     def flatten(self, start_dim=0, end_dim=-1):
+        """Merge dimensions ``start_dim`` to ``end_dim`` (inclusive) into one.
+
+        Parameters
+        ----------
+        start_dim : int, optional
+            The first dimension merged; default 0.
+        end_dim : int, optional
+            The last dimension merged; default -1 (the last).
+
+        Returns
+        -------
+        Tensor
+            A view when the strides allow one, else a copy.
+        """
         from ._ops._views import flatten
         return flatten(self, start_dim, end_dim)
 
     def transpose(self, dim0, dim1):
+        """Return a view with dimensions ``dim0`` and ``dim1`` swapped.
+
+        Parameters
+        ----------
+        dim0, dim1 : int
+            The dimensions to swap.
+
+        Returns
+        -------
+        Tensor
+            A view sharing this tensor's storage.
+        """
         from ._ops._views import permute
         perm = list(range(self.ndim))
         a, b = self._dim(dim0), self._dim(dim1)
@@ -658,6 +1014,19 @@ class Tensor(TensorBase):
         return permute(self, perm)
 
     def permute(self, *dims):
+        """Return a view with the dimensions in the order ``dims``.
+
+        Parameters
+        ----------
+        *dims : int or sequence of int
+            A permutation of the dimensions: ``permute(2, 0, 1)`` or
+            ``permute((2, 0, 1))``.
+
+        Returns
+        -------
+        Tensor
+            A view sharing this tensor's storage.
+        """
         from ._ops._views import permute
         if len(dims) == 1 and not isinstance(dims[0], numbers.Integral):
             dims = tuple(dims[0])
@@ -665,19 +1034,57 @@ class Tensor(TensorBase):
 
     @property
     def T(self):
+        """This tensor with its dimensions reversed (a view; the transpose of a matrix)."""
         return self.permute(*reversed(range(self.ndim)))
 
     def expand(self, *shape):
+        """Return a view broadcast to ``shape`` (size-1 dimensions repeat with stride 0).
+
+        Parameters
+        ----------
+        *shape : int or sequence of int
+            The new shape; -1 keeps a dimension's size, and new dimensions
+            may be added in front.
+
+        Returns
+        -------
+        Tensor
+            A view sharing this tensor's storage (do not write to it).
+        """
         from ._ops._views import expand
         if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
             shape = tuple(shape[0])
         return expand(self, shape)
 
     def unsqueeze(self, dim):
+        """Return a view with a new dimension of size 1 at ``dim``.
+
+        Parameters
+        ----------
+        dim : int
+            Where the new dimension goes (negative counts from the end of the result).
+
+        Returns
+        -------
+        Tensor
+            A view sharing this tensor's storage.
+        """
         from ._ops._views import unsqueeze
         return unsqueeze(self, dim)
 
     def squeeze(self, dim=None):
+        """Return a view without dimensions of size 1 (only ``dim``, when given and of size 1).
+
+        Parameters
+        ----------
+        dim : int, optional
+            The one dimension to remove.
+
+        Returns
+        -------
+        Tensor
+            A view sharing this tensor's storage.
+        """
         from ._ops._views import squeeze
         return squeeze(self, dim)
 

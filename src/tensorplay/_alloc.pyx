@@ -125,7 +125,11 @@ cdef object _pool_ids = itertools.count(1)
 
 
 def graph_pool_handle():
-    """Return a new private pool id, for graphs that share one memory pool."""
+    """Return a new memory pool id, for graphs that share one pool.
+
+    Pass it as ``pool=`` to :meth:`CUDAGraph.capture_begin` or
+    :class:`graph`; graphs sharing a pool must replay in capture order.
+    """
     return next(_pool_ids)
 
 
@@ -1245,7 +1249,13 @@ def empty_cache(device=None):
     """Release every cached, unused segment back to the device (cuMemFree).
 
     Memory of a private pool still held by a graph, and memory under live
-    tensors, is kept. Not allowed while a graph capture is under way."""
+    tensors, is kept. Not allowed while a graph capture is under way.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        The device; default every device the allocator has used.
+    """
     if g_open_captures > 0:
         raise RuntimeError("empty_cache() cannot run while a CUDA graph capture is under way")
     if device is None:
@@ -1257,37 +1267,84 @@ def empty_cache(device=None):
 
 
 def memory_stats(device=None):
-    """Return the allocator's counters for ``device`` as a dict (PyTorch's key
-    names: ``allocated_bytes.all.current``, ``segment.large_pool.peak``, ...,
-    and per pool ``pool.<id>.reserved_bytes``)."""
+    """Return the caching allocator's counters for ``device`` as a dict.
+
+    The keys are PyTorch's (``allocated_bytes.all.current``,
+    ``segment.large_pool.peak``, ``num_alloc_retries``, ...), plus
+    ``pool.<id>.reserved_bytes`` and the like per graph pool.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return get_allocator(_device_index(device)).stats()
 
 
 def memory_snapshot(device=None):
-    """Every segment of ``device``'s allocator with its blocks (see DeviceAllocator.snapshot)."""
+    """Return every segment of ``device``'s allocator with its blocks, as ``torch.cuda.memory_snapshot``.
+
+    Each segment is a dict (its address, ``total_size``, ``segment_pool_id``
+    and its ``blocks``, each with ``size`` and ``state``).
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return get_allocator(_device_index(device)).snapshot()
 
 
 def memory_allocated(device=None):
-    """Bytes held by live allocations (rounded to the allocator's granularity)."""
+    """Return the bytes held by live tensors on ``device`` (rounded to the allocator's granularity).
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return get_allocator(_device_index(device)).allocated
 
 
 def max_memory_allocated(device=None):
-    """The peak of memory_allocated() since the start or reset_peak_memory_stats()."""
+    """Return the peak of :func:`memory_allocated` since the start or :func:`reset_peak_memory_stats`.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return get_allocator(_device_index(device)).st_allocated_bytes[ALL].peak
 
 
 def memory_reserved(device=None):
-    """Bytes the allocator holds from the device (cuMemAlloc'd segments)."""
+    """Return the bytes the caching allocator holds from ``device`` (its cuMemAlloc'd segments).
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return get_allocator(_device_index(device)).reserved
 
 
 def max_memory_reserved(device=None):
-    """The peak of memory_reserved() since the start or reset_peak_memory_stats()."""
+    """Return the peak of :func:`memory_reserved` since the start or :func:`reset_peak_memory_stats`.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return get_allocator(_device_index(device)).st_reserved_bytes[ALL].peak
 
 
 def reset_peak_memory_stats(device=None):
-    """Set every peak counter to its current value."""
+    """Set every peak counter of ``device``'s allocator to its current value.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     get_allocator(_device_index(device)).reset_peak_stats()

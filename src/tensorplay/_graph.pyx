@@ -71,6 +71,7 @@ cdef class CUDAGraphBase:
     cdef object _capture_thread
     cdef int _pid
     cdef readonly size_t num_nodes
+    """The number of nodes of the captured graph, cuGraphGetNodes (0 before a capture ends)."""
     cdef list _cond_stack           # [(handle, kind, child Stream, pred ptr, parent Stream, capture id)]
     cdef object _set_cond_fn        # the set-conditional kernel, given by the Python layer
     cdef list _stage_fns            # multi-tensor copy kernels by table capacity, from the Python layer
@@ -388,6 +389,7 @@ cdef class CUDAGraphBase:
 
     @property
     def conditional_depth(self):
+        """How many conditional bodies are open in the capture (0 outside them)."""
         return len(self._cond_stack)
 
     # ------------------------------------------------------------ staging
@@ -404,7 +406,16 @@ cdef class CUDAGraphBase:
         parameters); any other pair goes through ``static.copy_(input)`` (casts,
         strides, broadcasting, host data). Everything is validated before
         anything is copied; copies and the launch are ordered on the current
-        stream, the driver work runs without the GIL.
+        stream, the driver work runs without the GIL (cuGraphExecKernelNodeSetParams
+        and one cuGraphLaunch when the staging kernel fits in front of the graph).
+
+        Parameters
+        ----------
+        static_inputs : sequence of Tensor
+            The tensors the capture read (its inputs).
+        inputs : sequence of Tensor, array-like or number
+            The new values, one per static input; each must broadcast to its
+            static input's shape.
         """
         cdef Py_ssize_t n, k, nfast = 0, cap, pos, m
         cdef TensorBase st, src
@@ -591,8 +602,17 @@ cdef class CUDAGraphBase:
     # ------------------------------------------------------------ replay
 
     def replay(self, stream=None):
-        """Launch the executable on the current stream, or on ``stream`` when
-        given, cuGraphLaunch (GIL released)."""
+        """Launch the captured graph on the current stream, or on ``stream``, cuGraphLaunch.
+
+        The GIL is released around the launch; the call does not wait for the
+        graph to run. Graphs sharing a memory pool must replay in the order
+        they were captured.
+
+        Parameters
+        ----------
+        stream : Stream or stream-like, optional
+            A stream of the graph's device; default the current stream.
+        """
         cdef cydriver.CUstream s
         cdef Stream so
         if self._exec == NULL:
@@ -685,6 +705,7 @@ cdef class CUDAGraphBase:
 
     @property
     def is_capturing(self):
+        """True between ``capture_begin`` and ``capture_end``."""
         return self._capturing
 
     @property
@@ -694,14 +715,17 @@ cdef class CUDAGraphBase:
 
     @property
     def is_instantiated(self):
+        """True once the executable is built (after ``capture_end``, until ``reset``)."""
         return self._exec != NULL
 
     @property
     def capture_stream(self):
+        """The stream of the open or the last capture (None before the first capture)."""
         return self._capture_stream_obj
 
     @property
     def device_index(self):
+        """The index of the CUDA device the graph was captured on (-1 before a capture)."""
         return self._device
 
     @property

@@ -143,18 +143,22 @@ cdef class Stream:
 
     @property
     def ptr(self):
+        """The CUstream as an int, as CuPy's ``Stream.ptr``."""
         return <uintptr_t>self._handle
 
     @property
     def device_index(self):
+        """The index of the stream's CUDA device."""
         return self._device
 
     @property
     def device(self):
+        """The stream's device as a string, ``"cuda:N"``."""
         return f"cuda:{self._device}"
 
     @property
     def priority(self):
+        """The stream's priority (lower is higher priority), cuStreamGetPriority."""
         cdef int p = 0
         with nogil:
             ensure_context(self._device)
@@ -162,7 +166,7 @@ cdef class Stream:
         return p
 
     def __cuda_stream__(self):
-        """The cuda.core stream protocol: (version, handle)."""
+        """Return ``(0, handle)``: the CUDA stream protocol of cuda.core."""
         return (0, <uintptr_t>self._handle)
 
     def query(self):
@@ -191,7 +195,11 @@ cdef class Stream:
             check(cydriver.cuStreamWaitEvent(self._handle, event._handle, 0))
 
     def wait_stream(self, stream):
-        """Make future work on this stream wait for all work queued on ``stream`` so far."""
+        """Make future work on this stream wait for all work queued on ``stream`` so far.
+
+        Records a temporary event on ``stream`` and waits for it here
+        (cuEventRecord, cuStreamWaitEvent).
+        """
         cdef Stream other = as_stream(stream, self._device)
         if other._handle == self._handle and other._device == self._device:
             return
@@ -384,7 +392,10 @@ cdef class Event:
             check(cydriver.cuEventSynchronize(self._handle))
 
     def elapsed_time(self, Event end not None):
-        """Milliseconds between this event and ``end``, cuEventElapsedTime."""
+        """Return the milliseconds between this event and ``end``, cuEventElapsedTime.
+
+        Both events need ``enable_timing=True`` and must have been recorded.
+        """
         cdef float ms = 0
         if not (self._timing and end._timing):
             raise ValueError("both events need enable_timing=True")
@@ -396,10 +407,12 @@ cdef class Event:
 
     @property
     def handle(self):
+        """The CUevent as an int (0 until the first record creates it)."""
         return <uintptr_t>self._handle
 
     @property
     def device_index(self):
+        """The index of the event's CUDA device (-1 until the first record)."""
         return self._device
 
     def __repr__(self):
@@ -490,13 +503,20 @@ def set_stream(stream):
 
 
 class stream:
-    """Context manager: make ``s`` the current stream on its device, restore on exit.
+    """Make ``stream`` the current stream of its device inside a ``with`` block.
 
-    ``None`` leaves the current stream unchanged, as in PyTorch.
+    On exit the previous current stream of that device is restored. ``None``
+    leaves the current stream unchanged, as in PyTorch.
+
+    Parameters
+    ----------
+    stream : Stream, stream-like or None
+        A :class:`Stream`, an object exporting one (``__cuda_stream__`` or
+        ``cuda_stream``), or None.
     """
 
-    def __init__(self, s):
-        self.stream = None if s is None else as_stream(s)
+    def __init__(self, stream):
+        self.stream = None if stream is None else as_stream(stream)
         self._prev = None
 
     def __enter__(self):

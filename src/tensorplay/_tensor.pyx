@@ -115,18 +115,21 @@ cdef class TensorBase:
 
     @property
     def shape(self):
+        """The size of each dimension, a tuple of ints (``()`` for a 0-d tensor)."""
         return tuple([self._shape[i] for i in range(self._ndim)])
 
     @property
     def strides(self):
-        """Strides in elements, as PyTorch gives them."""
+        """The step between neighbours along each dimension, in elements (as PyTorch gives them)."""
         return tuple([self._strides[i] for i in range(self._ndim)])
 
     @property
     def ndim(self):
+        """The number of dimensions."""
         return self._ndim
 
     def dim(self):
+        """Return the number of dimensions (:attr:`ndim`)."""
         return self._ndim
 
     cdef int64_t c_numel(self) noexcept:
@@ -142,13 +145,16 @@ cdef class TensorBase:
 
     @property
     def nbytes(self):
+        """The size of the elements in bytes (``numel() * itemsize``)."""
         return self.c_numel() * self._itemsize
 
     @property
     def itemsize(self):
+        """The size of one element in bytes."""
         return self._itemsize
 
     def element_size(self):
+        """Return the size of one element in bytes (:attr:`itemsize`)."""
         return self._itemsize
 
     cdef bint c_is_contiguous(self) noexcept:
@@ -176,7 +182,11 @@ cdef class TensorBase:
         return 0
 
     def data_ptr(self):
-        """Address of the first element (device address for CUDA tensors)."""
+        """Return the address of the first element (a device address for CUDA tensors).
+
+        Inside a capture, handing out a CUDA tensor's address makes the
+        capturing graph keep its memory alive.
+        """
         if self._device_type == DEVICE_CPU:
             return self._array.__array_interface__["data"][0]
         self.c_note_use()
@@ -184,10 +194,12 @@ cdef class TensorBase:
 
     @property
     def is_cuda(self):
+        """True for a tensor in CUDA device memory."""
         return self._device_type == DEVICE_CUDA
 
     @property
     def is_cpu(self):
+        """True for a tensor in host memory (a NumPy array underneath)."""
         return self._device_type == DEVICE_CPU
 
     @property
@@ -207,7 +219,7 @@ cdef class TensorBase:
         return self._array
 
     def storage_offset(self):
-        """Offset of the first element from the start of its storage, in elements."""
+        """Return the offset of the first element from the start of its storage, in elements."""
         if self._device_type == DEVICE_CPU:
             return 0
         if self._storage is None:
@@ -229,6 +241,7 @@ cdef class TensorBase:
     # ------------------------------------------------------------ DLPack
 
     def __dlpack_device__(self):
+        """Return ``(device_type, device_id)`` of DLPack: ``(1, 0)`` for the CPU, ``(2, N)`` for cuda:N."""
         if self._device_type == DEVICE_CPU:
             return (kDLCPU, 0)
         return (kDLCUDA, self._device_index)
@@ -288,7 +301,11 @@ cdef class TensorBase:
 
     @property
     def __cuda_array_interface__(self):
-        """CUDA Array Interface v3 (CUDA tensors only)."""
+        """The CUDA Array Interface v3 description of a CUDA tensor (AttributeError for CPU tensors).
+
+        Its ``stream`` is this thread's current stream, on which the tensor's
+        pending work is queued (1 for the legacy default stream).
+        """
         if self._device_type != DEVICE_CUDA:
             raise AttributeError("CPU tensors have no __cuda_array_interface__; use __array_interface__")
         typestr = CAI_TYPESTR[self._dtype_code]

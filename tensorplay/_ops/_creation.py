@@ -13,8 +13,28 @@ from . import _kernels
 from ._promotion import result_type
 
 
-def linspace(start, end, steps, dtype=None, device=None):
-    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive."""
+def linspace(start, end, steps, *, dtype=None, device=None):
+    """Make a 1-D tensor of ``steps`` evenly spaced values from ``start`` to ``end``, inclusive.
+
+    As ``torch.linspace``, the values are computed from ``start`` for the
+    first half and from ``end`` for the second, so both ends are exact.
+
+    Parameters
+    ----------
+    start, end : float
+        The first and the last value.
+    steps : int
+        The number of values (0 gives an empty tensor).
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Default the CPU.
+
+    Returns
+    -------
+    Tensor
+        The values.
+    """
     for v in (start, end):
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise TypeError(f"linspace takes real numbers, got {v!r}")
@@ -36,8 +56,25 @@ def linspace(start, end, steps, dtype=None, device=None):
     return out
 
 
-def eye(n, m=None, dtype=None, device=None):
-    """The identity matrix (n x m)."""
+def eye(n, m=None, *, dtype=None, device=None):
+    """Make a 2-D tensor with ones on the diagonal and zeros elsewhere.
+
+    Parameters
+    ----------
+    n : int
+        The number of rows.
+    m : int, optional
+        The number of columns; default ``n``.
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Default the CPU.
+
+    Returns
+    -------
+    Tensor
+        The (n, m) identity matrix.
+    """
     m = n if m is None else m
     for v in (n, m):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
@@ -63,8 +100,25 @@ def _tensor_list(tensors, what):
     return tensors
 
 
-def cat(tensors, dim=0, out=None):
-    """Concatenate tensors along ``dim`` (shapes equal elsewhere; dtypes promote)."""
+def cat(tensors, dim=0, *, out=None):
+    """Concatenate ``tensors`` along the existing dimension ``dim``.
+
+    Parameters
+    ----------
+    tensors : sequence of Tensor
+        At least one tensor, all on one device, of one number of dimensions
+        (at least 1) and equal sizes outside ``dim``; their dtypes promote
+        (:func:`result_type`).
+    dim : int, optional
+        The dimension to join along; default 0.
+    out : Tensor, optional
+        Write the result here.
+
+    Returns
+    -------
+    Tensor
+        The joined tensor.
+    """
     tensors = _tensor_list(tensors, "cat")
     ref = tensors[0]
     d = ref._dim(dim) if ref.ndim else 0
@@ -92,8 +146,23 @@ def cat(tensors, dim=0, out=None):
     return out
 
 
-def stack(tensors, dim=0, out=None):
-    """Stack equally shaped tensors along a new dimension ``dim``."""
+def stack(tensors, dim=0, *, out=None):
+    """Join equally shaped ``tensors`` along a new dimension ``dim``.
+
+    Parameters
+    ----------
+    tensors : sequence of Tensor
+        At least one tensor, all of one shape and on one device.
+    dim : int, optional
+        Where the new dimension goes; default 0.
+    out : Tensor, optional
+        Write the result here.
+
+    Returns
+    -------
+    Tensor
+        A tensor with one more dimension, of size ``len(tensors)`` at ``dim``.
+    """
     tensors = _tensor_list(tensors, "stack")
     shape = tensors[0].shape
     for t in tensors:

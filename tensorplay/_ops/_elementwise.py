@@ -357,8 +357,34 @@ def _apply_cuda(op, cgen, operands, compute, out, device):
 
 # ------------------------------------------------------------------ where / clamp
 
-def where(condition, x, y, out=None):
-    """Elements of ``x`` where ``condition`` is true, else of ``y`` (broadcast)."""
+def where(condition, input, other, *, out=None):
+    """Choose elements of ``input`` where ``condition`` is true, else of ``other``.
+
+    The three operands broadcast together; the result dtype is
+    :func:`result_type` of ``input`` and ``other``.
+
+    Parameters
+    ----------
+    condition : Tensor
+        Where to take ``input`` (nonzero is true).
+    input : Tensor or number
+        The values where ``condition`` is true.
+    other : Tensor or number
+        The values elsewhere.
+    out : Tensor, optional
+        Write the result here (the broadcast shape).
+
+    Returns
+    -------
+    Tensor
+        The chosen values.
+
+    Notes
+    -----
+    On CUDA tensors this launches one generated NVRTC kernel on the current
+    stream (cuLaunchKernel).
+    """
+    x, y = input, other
     condition = _check_operand(condition)
     if not isinstance(condition, Tensor):
         raise TypeError("where: condition must be a tensor")
@@ -396,8 +422,34 @@ def where(condition, x, y, out=None):
     return out
 
 
-def clamp(x, min=None, max=None, out=None):
-    """Limit values to [min, max]; NaN stays NaN (torch.clamp)."""
+def clamp(input, min=None, max=None, *, out=None):
+    """Limit the elements of ``input`` to the range [``min``, ``max``].
+
+    As ``torch.clamp``: NaN stays NaN, and with ``min > max`` every element
+    becomes ``max``.
+
+    Parameters
+    ----------
+    input : Tensor
+        The values.
+    min : Tensor, number or None, optional
+        The lower bound (broadcast); None for none.
+    max : Tensor, number or None, optional
+        The upper bound (broadcast); None for none.
+    out : Tensor, optional
+        Write the result here.
+
+    Returns
+    -------
+    Tensor
+        The clamped values.
+
+    Raises
+    ------
+    ValueError
+        If both bounds are None.
+    """
+    x = input
     if min is None and max is None:
         raise ValueError("clamp needs min, max or both")
     r = x

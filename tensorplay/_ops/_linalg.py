@@ -61,8 +61,35 @@ def _launch(a, b, out, batch, M, N, K, sa, sb):
     f.launch(grid, (TILE, TILE), params)
 
 
-def matmul(a, b, out=None):
-    """Matrix product with NumPy/PyTorch semantics for 1-D, 2-D and batched 3-D operands."""
+def matmul(input, other, *, out=None):
+    """Return the matrix product of ``input`` and ``other``.
+
+    NumPy's and PyTorch's rules for 1-D, 2-D and batched 3-D operands: a 1-D
+    first operand is a row vector, a 1-D second operand a column vector (the
+    added dimension is removed again), and 3-D operands multiply batch by
+    batch (a batch of 1 broadcasts). Half types and float32 accumulate in
+    float32, float64 in float64.
+
+    Parameters
+    ----------
+    input : Tensor
+        The left operand: float16, bfloat16, float32 or float64.
+    other : Tensor
+        The right operand, of the same dtype and device.
+    out : Tensor, optional
+        Write the product here (same dtype, the result's shape).
+
+    Returns
+    -------
+    Tensor
+        The product.
+
+    Notes
+    -----
+    On CUDA tensors this launches a tiled shared-memory NVRTC kernel on the
+    current stream (cuLaunchKernel).
+    """
+    a, b = input, other
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
         raise TypeError("matmul expects two tensors")
     if a.dtype is not b.dtype:
@@ -121,8 +148,22 @@ def matmul(a, b, out=None):
     return res
 
 
-def mv(a, v):
-    """Matrix-vector product: a (M, K) @ v (K,) -> (M,)."""
+def mv(input, vec):
+    """Return the product of the matrix ``input`` (M, K) and the vector ``vec`` (K,).
+
+    Parameters
+    ----------
+    input : Tensor
+        A 2-D tensor.
+    vec : Tensor
+        A 1-D tensor of the same dtype.
+
+    Returns
+    -------
+    Tensor
+        A 1-D tensor of size M; see :func:`matmul`.
+    """
+    a, v = input, vec
     if not (isinstance(a, Tensor) and isinstance(v, Tensor)) or a.ndim != 2 or v.ndim != 1:
         raise ValueError("mv expects a 2-D tensor and a 1-D tensor")
     return matmul(a, v)

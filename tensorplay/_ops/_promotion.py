@@ -21,9 +21,24 @@ def category(d):
     return _CAT[d.kind]
 
 
-def promote_types(a, b):
-    """The smallest dtype both ``a`` and ``b`` cast to safely (torch.promote_types)."""
-    a, b = dt.as_dtype(a), dt.as_dtype(b)
+def promote_types(type1, type2):
+    """Return the smallest dtype both ``type1`` and ``type2`` cast to safely.
+
+    As ``torch.promote_types``: bool < integers < floating types;
+    float16 with bfloat16 gives float32, uint8 with a signed type of its size
+    or smaller the next larger signed type.
+
+    Parameters
+    ----------
+    type1, type2 : dtype or str
+        The dtypes (or their names).
+
+    Returns
+    -------
+    dtype
+        The promoted dtype.
+    """
+    a, b = dt.as_dtype(type1), dt.as_dtype(type2)
     if a is b:
         return a
     if a.kind == "b":
@@ -70,8 +85,30 @@ def _combine(higher, lower):
 
 
 def result_type(*operands):
-    """The dtype of an elementwise result over ``operands`` (tensors, scalars
-    or dtypes), as torch.result_type."""
+    """Return the dtype of an elementwise operation's result over ``operands``.
+
+    PyTorch's rules (``torch.result_type``): tensors with dimensions rank
+    first, then 0-d tensors, then Python scalars; a lower-ranked operand
+    changes the result only when its category (bool < integer < floating) is
+    higher, so ``int8 tensor + 1`` stays int8 and ``int8 tensor + 1.5`` is
+    float32.
+
+    Parameters
+    ----------
+    *operands : Tensor, number or dtype
+        The operands; a dtype counts as a tensor with dimensions.
+
+    Returns
+    -------
+    dtype
+        The result dtype.
+
+    Raises
+    ------
+    TypeError
+        Without operands, or for an operand that is not a tensor, a real
+        number or a dtype.
+    """
     from .._tensor_api import Tensor
     dim_r = zero_r = wrapped_r = None
     for x in operands:
@@ -95,6 +132,23 @@ def result_type(*operands):
 
 
 def can_cast(from_, to):
-    """True when ``from_`` may be written into ``to`` by an in-place op or ``out=``
-    (no lowering of category: float -> int and int -> bool are refused)."""
+    """Test whether a result of dtype ``from_`` may be written into ``to``.
+
+    This is the rule of in-place operations and ``out=`` (as
+    ``torch.can_cast``): the category may not go down, so floating into
+    integer and integer into bool are refused; any size within a category is
+    allowed.
+
+    Parameters
+    ----------
+    from_ : dtype or str
+        The result's dtype.
+    to : dtype or str
+        The destination's dtype.
+
+    Returns
+    -------
+    bool
+        True if the cast is allowed.
+    """
     return category(dt.as_dtype(from_)) <= category(dt.as_dtype(to))

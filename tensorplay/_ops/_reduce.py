@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-from .. import _dtypes as dt
+from .. import _dtypes as dt, return_types
 from .._tensor_api import Tensor, _empty_cuda, empty, full
 from . import _codegen, _kernels
 from ._elementwise import apply
@@ -247,34 +247,194 @@ def _reduce_cpu(op, t, dims, keepdim, dst, scale):
     return dst
 
 
-# ------------------------------------------------------------------ composites
+# ------------------------------------------------------------------ the public reductions
+# Named with a trailing underscore here (this module uses the builtins max,
+# min, sum, all and any); _public gives each its public name.
 
-def _check_arg_dim(op, t, dim):
+_DIM = """dim : int, sequence of int or None, optional
+    The dimensions to reduce; None (the default) reduces over all of them."""
+_KEEPDIM = """keepdim : bool, optional
+    Keep the reduced dimensions, with size 1."""
+_OUT = """out : Tensor, optional
+    Write the result here: its shape must be the result's and its dtype the
+    result dtype."""
+_CUDA = """On CUDA tensors this launches generated NVRTC reduction kernels on the
+current stream (cuLaunchKernel); it does not wait for them."""
+
+
+def _public(name, doc=None):
+    """Give a function its public name (``tensorplay.<name>``) and its docstring."""
+    def deco(fn):
+        fn.__name__ = fn.__qualname__ = name
+        fn.__module__ = "tensorplay"
+        if doc is not None:
+            fn.__doc__ = doc.format(DIM=_DIM, KEEPDIM=_KEEPDIM, OUT=_OUT, CUDA=_CUDA)
+        return fn
+    return deco
+
+
+_SIMPLE_DOC = """{summary}
+
+{detail}
+
+Parameters
+----------
+input : Tensor
+    The tensor to reduce.
+{{DIM}}
+{{KEEPDIM}}{extra}
+{{OUT}}
+
+Returns
+-------
+Tensor
+    {returns}
+
+Notes
+-----
+{{CUDA}}
+"""
+
+_DTYPE = """
+dtype : dtype, str or None, optional
+    The dtype of the result (and of the accumulation); by default the input's
+    dtype, int64 for bool and integer inputs."""
+
+
+@_public("sum", _SIMPLE_DOC.format(
+    summary="Sum the elements of ``input`` over ``dim``.",
+    detail="Half types and float32 accumulate in float32, float64 in float64, bool and\n"
+           "integers in int64 (PyTorch's promotion: integer sums are int64).",
+    extra=_DTYPE, returns="The sums; a 0-d tensor when every dimension is reduced."))
+def sum_(input, dim=None, keepdim=False, *, dtype=None, out=None):
+    return reduce("sum", input, dim, keepdim, dtype, out)
+
+
+@_public("prod", _SIMPLE_DOC.format(
+    summary="Multiply the elements of ``input`` over ``dim``.",
+    detail="Accumulates as :func:`sum` does; the product of no elements is 1.",
+    extra=_DTYPE, returns="The products."))
+def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
+    return reduce("prod", input, dim, keepdim, dtype, out)
+
+
+@_public("amax", _SIMPLE_DOC.format(
+    summary="Return the largest elements of ``input`` over ``dim``.",
+    detail="NaN propagates: a slice holding a NaN gives NaN. Reducing over a\n"
+           "zero-size dimension raises IndexError (there is no identity).",
+    extra="", returns="The largest values, in ``input``'s dtype."))
+def amax(input, dim=None, keepdim=False, *, out=None):
+    return reduce("amax", input, dim, keepdim, out=out)
+
+
+@_public("amin", _SIMPLE_DOC.format(
+    summary="Return the smallest elements of ``input`` over ``dim``.",
+    detail="NaN propagates: a slice holding a NaN gives NaN. Reducing over a\n"
+           "zero-size dimension raises IndexError (there is no identity).",
+    extra="", returns="The smallest values, in ``input``'s dtype."))
+def amin(input, dim=None, keepdim=False, *, out=None):
+    return reduce("amin", input, dim, keepdim, out=out)
+
+
+@_public("all", _SIMPLE_DOC.format(
+    summary="Test whether every element of ``input`` over ``dim`` is nonzero.",
+    detail="The test of no elements is True.",
+    extra="", returns="A bool tensor."))
+def all_(input, dim=None, keepdim=False, *, out=None):
+    return reduce("all", input, dim, keepdim, out=out)
+
+
+@_public("any", _SIMPLE_DOC.format(
+    summary="Test whether any element of ``input`` over ``dim`` is nonzero.",
+    detail="The test of no elements is False.",
+    extra="", returns="A bool tensor."))
+def any_(input, dim=None, keepdim=False, *, out=None):
+    return reduce("any", input, dim, keepdim, out=out)
+
+
+def _check_arg_dim(op, dim):
     if dim is not None and isinstance(dim, (tuple, list)):
         raise TypeError(f"{op} takes a single dim or None")
 
 
-def argmax(t, dim=None, keepdim=False):
-    _check_arg_dim("argmax", t, dim)
-    return reduce("argmax", t, dim, keepdim)
+_ARG_DOC = """Return the index of the {which} element of ``input`` along ``dim``.
+
+With ``dim=None`` the index is into the flattened tensor. Ties give the
+first index; a NaN counts as {which} (its index is returned).
+
+Parameters
+----------
+input : Tensor
+    The tensor to search.
+dim : int or None, optional
+    The dimension to search along; None (the default) searches all elements.
+{{KEEPDIM}}
+
+Returns
+-------
+Tensor
+    The indices, int64.
+
+Notes
+-----
+{{CUDA}}
+"""
 
 
-def argmin(t, dim=None, keepdim=False):
-    _check_arg_dim("argmin", t, dim)
-    return reduce("argmin", t, dim, keepdim)
+@_public("argmax", _ARG_DOC.format(which="largest"))
+def argmax(input, dim=None, keepdim=False):
+    _check_arg_dim("argmax", dim)
+    return reduce("argmax", input, dim, keepdim)
 
 
-def max_(t, dim=None, keepdim=False):
-    """max(t) -> the largest value; max(t, dim) -> (values, indices)."""
+@_public("argmin", _ARG_DOC.format(which="smallest"))
+def argmin(input, dim=None, keepdim=False):
+    _check_arg_dim("argmin", dim)
+    return reduce("argmin", input, dim, keepdim)
+
+
+_EXTREME_DOC = """Return the {which} element of ``input``, or the {which} values along ``dim`` and where they are.
+
+``{name}(input)`` is :func:`a{name}` over all elements (a 0-d tensor);
+``{name}(input, dim)`` returns the named tuple
+:class:`tensorplay.return_types.{name}` ``(values, indices)``, as
+``torch.{name}`` does. Ties give the first index; NaN propagates.
+
+Parameters
+----------
+input : Tensor
+    The tensor to reduce.
+dim : int, optional
+    The dimension to reduce along.
+keepdim : bool, optional
+    Keep ``dim``, with size 1 (with ``dim`` only).
+
+Returns
+-------
+Tensor or return_types.{name}
+    The {which} element (without ``dim``), or ``(values, indices)`` with
+    indices int64.
+
+Notes
+-----
+{{CUDA}}
+"""
+
+
+@_public("max", _EXTREME_DOC.format(which="largest", name="max"))
+def max_(input, dim=None, keepdim=False):
     if dim is None:
-        return reduce("amax", t)
-    return reduce("amax", t, dim, keepdim), reduce("argmax", t, dim, keepdim)
+        return reduce("amax", input)
+    _check_arg_dim("max", dim)
+    return return_types.max(reduce("amax", input, dim, keepdim), reduce("argmax", input, dim, keepdim))
 
 
-def min_(t, dim=None, keepdim=False):
+@_public("min", _EXTREME_DOC.format(which="smallest", name="min"))
+def min_(input, dim=None, keepdim=False):
     if dim is None:
-        return reduce("amin", t)
-    return reduce("amin", t, dim, keepdim), reduce("argmin", t, dim, keepdim)
+        return reduce("amin", input)
+    _check_arg_dim("min", dim)
+    return return_types.min(reduce("amin", input, dim, keepdim), reduce("argmin", input, dim, keepdim))
 
 
 def _count(t, dim):
@@ -284,46 +444,130 @@ def _count(t, dim):
     return n
 
 
-def mean(t, dim=None, keepdim=False, dtype=None, out=None):
-    d = t.dtype if dtype is None else dt.as_dtype(dtype)
+@_public("mean", """Return the mean of the elements of ``input`` over ``dim``.
+
+Sums in the accumulator type (float32 for half types and float32, float64
+for float64) and scales once; the mean of no elements is NaN.
+
+Parameters
+----------
+input : Tensor
+    A floating tensor (or pass a floating ``dtype``).
+{DIM}
+{KEEPDIM}
+dtype : dtype, str or None, optional
+    The floating dtype of the result; ``input`` is cast to it first.
+{OUT}
+
+Returns
+-------
+Tensor
+    The means.
+
+Raises
+------
+TypeError
+    If neither ``input`` nor ``dtype`` is floating.
+
+Notes
+-----
+{CUDA}
+""")
+def mean(input, dim=None, keepdim=False, *, dtype=None, out=None):
+    d = input.dtype if dtype is None else dt.as_dtype(dtype)
     if d.kind != "f":
         raise TypeError(f"mean(): could not infer the output dtype from {d.name}; pass a floating dtype")
-    src = t if t.dtype is d else t.to(d)
-    n = _count(t, dim)
+    src = input if input.dtype is d else input.to(d)
+    n = _count(input, dim)
     return reduce("sum", src, dim, keepdim, d, out, scale=(1.0 / n) if n else float("nan"))
 
 
-def var(t, dim=None, correction=1, keepdim=False, out=None):
-    """Variance with Bessel-style ``correction`` (1: unbiased), two passes in
-    float32 (float64 for float64 input)."""
-    if t.dtype.kind != "f":
-        raise TypeError(f"var/std need a floating tensor, got {t.dtype.name}")
-    work = dt.float64 if t.dtype is dt.float64 else dt.float32
-    x = t.to(work)
-    n = _count(t, dim)
+_VAR_DOC = """Return the {what} of the elements of ``input`` over ``dim``.
+
+Two passes (the mean, then the squared deviations) in float32, or float64
+for float64 input; the result has ``input``'s dtype. With no degrees of
+freedom left (``N - correction <= 0``) the result is NaN, as in PyTorch.
+
+Parameters
+----------
+input : Tensor
+    A floating tensor.
+{{DIM}}
+correction : int, optional
+    Subtracted from the number of elements ``N`` in the divisor: 1 (the
+    default) is Bessel's correction (the unbiased estimate), 0 the
+    population {what}.
+{{KEEPDIM}}
+out : Tensor, optional
+    Write the result here (cast to its dtype).
+
+Returns
+-------
+Tensor
+    The {what}s.
+
+Notes
+-----
+{{CUDA}}
+"""
+
+
+@_public("var", _VAR_DOC.format(what="variance"))
+def var(input, dim=None, *, correction=1, keepdim=False, out=None):
+    if input.dtype.kind != "f":
+        raise TypeError(f"var/std need a floating tensor, got {input.dtype.name}")
+    work = dt.float64 if input.dtype is dt.float64 else dt.float32
+    x = input.to(work)
+    n = _count(input, dim)
     m = mean(x, dim, keepdim=True)
     dev = apply("sub", x, m)
     sq = apply("mul", dev, dev)
     denom = n - correction
     # no degrees of freedom left: 0 * inf and the empty reduction both give NaN, as PyTorch
     scale = (1.0 / denom) if denom > 0 else float("inf")
-    r = reduce("sum", sq, dim, keepdim, scale=scale).to(t.dtype)
+    r = reduce("sum", sq, dim, keepdim, scale=scale).to(input.dtype)
     if out is not None:
         out.copy_(r)
         return out
     return r
 
 
-def std(t, dim=None, correction=1, keepdim=False, out=None):
-    r = apply("sqrt", var(t, dim, correction, keepdim))
+@_public("std", _VAR_DOC.format(what="standard deviation"))
+def std(input, dim=None, *, correction=1, keepdim=False, out=None):
+    r = apply("sqrt", var(input, dim, correction=correction, keepdim=keepdim))
     if out is not None:
         out.copy_(r)
         return out
     return r
 
 
-def norm(t, p=2, dim=None, keepdim=False):
-    """Vector p-norm over ``dim`` (all elements when None): p = 2, 1, inf, -inf, 0, or any real."""
+@_public("norm", """Return the vector p-norm of ``input`` over ``dim``.
+
+Computes in float32 (float64 for float64 input) and returns ``input``'s
+dtype.
+
+Parameters
+----------
+input : Tensor
+    A floating tensor.
+p : float, optional
+    The order: 2 (the default, Euclidean), 1, ``inf`` (largest absolute
+    value), ``-inf`` (smallest), 0 (number of nonzero elements), or any
+    other real number (``sum(abs(x)**p)**(1/p)``).
+{DIM}
+{KEEPDIM}
+
+Returns
+-------
+Tensor
+    The norms.
+
+Notes
+-----
+{CUDA}
+""")
+def norm(input, p=2, dim=None, keepdim=False):
+    t = input
     if t.dtype.kind != "f":
         raise TypeError(f"norm needs a floating tensor, got {t.dtype.name}")
     if not isinstance(p, numbers.Real) or isinstance(p, bool):
@@ -346,8 +590,30 @@ def norm(t, p=2, dim=None, keepdim=False):
     return r.to(t.dtype)
 
 
-def dot(a, b):
-    """Inner product of two 1-D tensors of one dtype (float products accumulate in float32/64)."""
+@_public("dot", """Return the inner product of two 1-D tensors of one dtype.
+
+Each product is rounded once in the accumulator type (float32 for half
+types and float32, float64 for float64, int64 for integers), then summed
+as :func:`sum` does.
+
+Parameters
+----------
+input : Tensor
+    A 1-D tensor.
+tensor : Tensor
+    A 1-D tensor of the same size and dtype.
+
+Returns
+-------
+Tensor
+    A 0-d tensor: ``input``'s dtype for floating inputs, int64 for integers.
+
+Notes
+-----
+{CUDA}
+""")
+def dot(input, tensor):
+    a, b = input, tensor
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
         raise TypeError("dot expects two tensors")
     if a.ndim != 1 or b.ndim != 1:

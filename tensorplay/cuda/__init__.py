@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..types import DeviceLike
 
 from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
                       memory_allocated, memory_reserved, memory_snapshot, memory_stats,
@@ -27,14 +30,28 @@ from ._memory import memory_summary
 from .graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 
 
-def live_driver_objects(device: Any = None) -> dict[str, int]:
-    """Counts of the driver objects tensorplay created and has not destroyed:
-    streams held by Stream objects, streams cached for reuse (never destroyed,
-    as in PyTorch), events, graphs, executables, modules, and the allocator's
-    pending record_stream events on ``device``. For leak checks: after
-    ``gc.collect()`` and ``empty_cache()`` they return to what they were
-    before the work (the stream cache only grows to the most streams alive at
-    once)."""
+def live_driver_objects(device: DeviceLike = None) -> dict[str, int]:
+    """Count the driver objects tensorplay created and has not destroyed.
+
+    For leak checks: after ``gc.collect()`` and :func:`empty_cache` the
+    counts return to what they were before the work (the stream cache only
+    grows to the most streams alive at once).
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        The device whose allocator is asked about pending events; default
+        the current device.
+
+    Returns
+    -------
+    dict of str to int
+        ``streams`` held by Stream objects, ``cached_streams`` kept for reuse
+        (never destroyed, as in PyTorch), ``events``, ``graphs`` and
+        ``execs`` (CUgraph and CUgraphExec handles), ``modules`` (loaded
+        CUmodules) and, with a GPU, ``allocator_events``: the allocator's
+        pending ``record_stream`` events on ``device``.
+    """
     streams, events = _live_stream_and_event_counts()
     out = {"streams": streams, "cached_streams": _cached_stream_count(), "events": events,
            **_live_graph_objects(), "modules": _live_module_count()}
@@ -43,9 +60,17 @@ def live_driver_objects(device: Any = None) -> dict[str, int]:
     return out
 
 
-def synchronize(device: Any = None) -> None:
-    """Wait for all work on ``device`` (default: current) to finish, cuCtxSynchronize;
-    device-side index errors found by kernels are raised here as IndexError."""
+def synchronize(device: DeviceLike = None) -> None:
+    """Wait for all work on ``device`` to finish, cuCtxSynchronize.
+
+    Device-side index errors found by kernels since the last check are
+    raised here, as IndexError.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     _synchronize_context(device)
     _run_device_error_checks(_device_index(device))
 
@@ -63,16 +88,25 @@ __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKerne
 
 
 class device:
-    """Context manager: make ``device`` this thread's current CUDA device, and
-    restore the previous one on exit. ``None`` or a CPU device does nothing."""
+    """Make ``device`` this thread's current CUDA device inside a ``with`` block.
 
-    def __init__(self, device: Any) -> None:
-        self._index = None
+    The previous current device is restored on exit (cuCtxSetCurrent on the
+    device's primary context). ``None`` or a CPU device does nothing, as in
+    PyTorch.
+
+    Parameters
+    ----------
+    device : device, str, int or None
+        The CUDA device: an index, ``"cuda:1"`` or a :class:`tensorplay.device`.
+    """
+
+    def __init__(self, device: DeviceLike) -> None:
+        self._index: int | None = None
+        self._prev: int | None = None
         if device is None or (isinstance(device, str) and device == "cpu") or \
                 getattr(device, "type", None) == "cpu":
             return
         self._index = _device_index(device)
-        self._prev = None
 
     def __enter__(self) -> device:
         if self._index is not None:
@@ -83,4 +117,3 @@ class device:
     def __exit__(self, *exc: object) -> None:
         if self._index is not None:
             set_device(self._prev)
-        return False

@@ -7,7 +7,7 @@ on the current stream, so they can be captured in graphs."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numbers
 import re
@@ -20,6 +20,10 @@ from .._stream import _as_stream, current_stream_handle_of
 from .._tensor_api import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
 from .._cuda import current_device
 from .._ops import _codegen, _kernels
+
+if TYPE_CHECKING:
+    from .._kernel import Function
+    from ..types import DeviceLike, StreamLike
 
 __all__ = ["RawKernel", "ElementwiseKernel"]
 
@@ -141,7 +145,7 @@ class RawKernel:
         self.name = name
         self.options = tuple(str(o) for o in options)
         self._codes = parse_signature(source, name)
-        self._functions = {}
+        self._functions: dict[int, Any] = {}
 
     def _function(self, device):
         f = self._functions.get(device)
@@ -149,12 +153,31 @@ class RawKernel:
             f = self._functions[device] = _kernels.load_function(self.source, self.name, device, self.options)
         return f
 
-    def compile(self, device: Any = None) -> Any:
-        """Compile and load now (otherwise the first call does)."""
+    def compile(self, device: DeviceLike = None) -> Function:
+        """Compile the kernel (NVRTC, cached) and load it on ``device`` now, cuModuleLoadData.
+
+        Otherwise the first call does it. ``device`` defaults to the current
+        CUDA device. Returns the loaded function.
+        """
         return self._function(_resolve_device("cuda" if device is None else device))
 
     def __call__(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], args: Sequence[Any],
-                 shared_mem: int = 0, stream: Any = None) -> None:
+                 shared_mem: int = 0, stream: StreamLike | None = None) -> None:
+        """Launch the kernel on ``grid`` x ``block`` threads, cuLaunchKernel.
+
+        Parameters
+        ----------
+        grid, block : int or tuple of int
+            The grid and block dimensions (up to three each).
+        args : sequence
+            One value per kernel parameter: CUDA tensors for pointers (their
+            device address), numbers for scalars.
+        shared_mem : int, optional
+            Dynamic shared memory in bytes (above 48 KiB the kernel's limit
+            is raised first).
+        stream : Stream or stream-like, optional
+            Default the current stream of the tensors' device.
+        """
         if not isinstance(args, (tuple, list)):
             raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
         if self._codes is not None and len(args) != len(self._codes):
@@ -178,6 +201,11 @@ class RawKernel:
 
     @property
     def attributes(self) -> dict[str, int]:
+        """The compiled kernel's attributes on the current device, cuFuncGetAttribute.
+
+        ``num_regs``, ``max_threads_per_block``, ``shared_size_bytes`` and
+        ``local_size_bytes``; reading them compiles and loads the kernel.
+        """
         f = self._function(current_device())
         return {k: f.attribute(k) for k in ("num_regs", "max_threads_per_block", "shared_size_bytes",
                                             "local_size_bytes")}
@@ -234,14 +262,21 @@ class ElementwiseKernel:
         self.preamble = preamble
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the operation over the broadcast inputs and return the output(s).
+
+        Pass the inputs positionally, then optionally the outputs (or give
+        outputs by name); missing outputs are allocated. One output is
+        returned as a tensor, several as a tuple. Launches one generated
+        kernel on the current stream (cuLaunchKernel).
+        """
         n_in, n_out = len(self.in_params), len(self.out_params)
         if len(args) not in (n_in, n_in + n_out):
             raise TypeError(f"{self.name} takes {n_in} inputs (and optionally {n_out} outputs), got {len(args)}")
         outs = list(args[n_in:]) or [kwargs.pop(v, None) for _, v in self.out_params]
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
-        ins = [a if isinstance(a, (Tensor, numbers.Number, np.generic)) else _as_source(a) for a in args[:n_in]]
-        bound = {}
+        ins: list[Any] = [a if isinstance(a, (Tensor, numbers.Number, np.generic)) else _as_source(a) for a in args[:n_in]]
+        bound: dict[str, dt.dtype] = {}
 
         def bind(typ, d, what):
             if not _is_placeholder(typ):

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._alloc import memory_snapshot, memory_stats
+
+if TYPE_CHECKING:
+    from ..types import DeviceLike
 
 _ROWS = (
     ("Allocated memory", "allocated_bytes", True),
@@ -18,7 +21,7 @@ _ROWS = (
 )
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -26,11 +29,18 @@ def _size(n: int) -> str:
     return str(n)
 
 
-def memory_summary(device: Any = None) -> str:
-    """Describe the caching allocator of ``device`` as a table, in the layout
-    of ``torch.cuda.memory_summary``: current, peak, total allocated and total
-    freed of each counter (from large and small segments), the memory in free
-    pieces of split segments (fragmentation), and each pool's segments."""
+def memory_summary(device: DeviceLike = None) -> str:
+    """Return a table describing the caching allocator of ``device``, as ``torch.cuda.memory_summary``.
+
+    Current, peak, total allocated and total freed of each counter (from
+    large and small segments), the memory in free pieces of split segments
+    (fragmentation), and each pool's segments.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
     return format_summary(memory_stats(device), memory_snapshot(device))
 
 

@@ -10,21 +10,30 @@ the GIL released around ``cuGraphLaunch``.
 from __future__ import annotations
 
 import numbers
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overload
 
 from .._alloc import graph_pool_handle
 from .._cuda import CudaError, current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
 from .._stream import current_stream, stream as use_stream, warmup_stream
+from ..types import CaptureErrorMode, PoolLike, StreamLike
 
 if TYPE_CHECKING:
     from .. import Tensor
 
-PoolLike = Union["CUDAGraph", int, None]
 Outputs = Union["Tensor", "tuple[Tensor, ...]", "list[Tensor]"]
+P = ParamSpec("P")
+R = TypeVar("R")
+P1 = ParamSpec("P1")
+R1 = TypeVar("R1")
+P2 = ParamSpec("P2")
+R2 = TypeVar("R2")
+P3 = ParamSpec("P3")
+R3 = TypeVar("R3")
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables"]
@@ -64,8 +73,8 @@ class CUDAGraph(CUDAGraphBase):
     the tensors used at capture time.
     """
 
-    def capture_begin(self, pool: PoolLike = None, capture_error_mode: str = "global",
-                      stream: Any = None) -> None:
+    def capture_begin(self, pool: PoolLike = None, capture_error_mode: CaptureErrorMode = "global",
+                      stream: StreamLike | None = None) -> None:
         """Begin capturing work queued on the current thread's streams.
 
         Parameters
@@ -80,10 +89,24 @@ class CUDAGraph(CUDAGraphBase):
             a cuMemAlloc) fails the capture; ``'thread_local'``: only calls
             from this thread; ``'relaxed'``: no guard
             (CU_STREAM_CAPTURE_MODE_*).
-        stream : Stream or object with ``__cuda_stream__``, optional
+        stream : Stream or stream-like, optional
             The capture stream; default a dedicated side stream of the current
             device. It first waits for the work queued on the current stream
             and is the current stream until :meth:`capture_end`.
+
+        Raises
+        ------
+        ValueError
+            For an unknown ``capture_error_mode`` or pool, or the legacy
+            default stream as ``stream``.
+        RuntimeError
+            If this graph is capturing or holds a captured graph (call
+            :meth:`reset` first).
+
+        Notes
+        -----
+        Wraps cuStreamBeginCapture; from here the caching allocator serves
+        allocations on the capture stream from the graph's pool.
         """
         pool_id = _pool_id_of(pool)
         mode = _mode_of(capture_error_mode)
@@ -133,7 +156,10 @@ class CUDAGraph(CUDAGraphBase):
         self._debug_mode = True
 
     def describe(self) -> dict[str, Any]:
-        """The captured graph as plain data::
+        """Return the captured graph as plain data (nodes, edges, conditional bodies).
+
+        The description is read back from the driver (cuGraphGetNodes,
+        cuGraphGetEdges and the node attribute getters)::
 
             {"nodes": [{"id": int, "kind": "kernel" | "memcpy" | "memset" | "event_record" |
                         "wait_event" | "mem_alloc" | "mem_free" | "empty" | "conditional" | ...,
@@ -149,12 +175,24 @@ class CUDAGraph(CUDAGraphBase):
         """
         return self._describe(getattr(self, "_debug_mode", False))
 
-    def debug_dump(self, path: str) -> str:
-        """Write a DOT picture of the captured graph to ``path``; with a ``.svg``
-        or ``.png`` name and Graphviz's ``dot`` installed, render it (otherwise
-        DOT is written next to it, and the message says how to render it).
-        Returns the path written."""
-        import os
+    def debug_dump(self, path: str | os.PathLike[str]) -> str:
+        """Write a picture of the captured graph to ``path`` and return the path written.
+
+        The picture is Graphviz DOT (nodes, edges, conditional bodies as
+        clusters). With a ``.svg`` or ``.png`` name and Graphviz's ``dot``
+        installed it is rendered; without ``dot`` the DOT file is written next
+        to it and a warning says how to render it.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Where to write: ``.dot``, ``.svg`` or ``.png``.
+
+        Returns
+        -------
+        str
+            The file written.
+        """
         import shutil
         import subprocess
         from . import _dot
@@ -288,28 +326,43 @@ def _set_conditional_function(device):
 
 
 def is_current_stream_capturing() -> bool:
-    """True while the current stream of the current device is capturing."""
+    """Return True while the current stream of the current device is capturing.
+
+    Wraps cuStreamIsCapturing on this thread's current stream.
+    """
     dev = current_device()
     return is_stream_capturing(current_stream(dev).handle, dev)
 
 
 class graph:
-    """Context manager capturing its body into ``cuda_graph``.
+    """Capture the body of a ``with`` block into ``cuda_graph``.
 
-    ``with tensorplay.cuda.graph(g): y = f(x)`` calls ``capture_begin`` on
-    entry and ``capture_end`` on exit. If the body raises, the capture is
-    ended and discarded, the graph left reset and reusable, and the original
-    exception propagates.
+    ``with tensorplay.cuda.graph(g): y = f(x)`` calls
+    :meth:`CUDAGraph.capture_begin` on entry and
+    :meth:`CUDAGraph.capture_end` on exit, and gives the graph to ``as``. If
+    the body raises, the capture is ended and discarded, the graph left
+    reset and reusable, and the exception propagates.
+
+    Parameters
+    ----------
+    cuda_graph : CUDAGraph
+        The graph to capture into.
+    pool : None, int or CUDAGraph, optional
+        The memory pool; see :meth:`CUDAGraph.capture_begin`.
+    stream : Stream or stream-like, optional
+        The capture stream; default a side stream of the current device.
+    capture_error_mode : {'global', 'thread_local', 'relaxed'}, optional
+        How strictly unsafe CUDA calls fail the capture; default ``'global'``.
     """
 
-    def __init__(self, cuda_graph: CUDAGraph, pool: PoolLike = None, stream: Any = None,
-                 capture_error_mode: str = "global") -> None:
+    def __init__(self, cuda_graph: CUDAGraph, pool: PoolLike = None, stream: StreamLike | None = None,
+                 capture_error_mode: CaptureErrorMode = "global") -> None:
         if not isinstance(cuda_graph, CUDAGraph):
             raise TypeError(f"graph() expects a CUDAGraph, got {type(cuda_graph).__name__}")
         self.cuda_graph = cuda_graph
         self.pool = pool
         self.stream = stream
-        self.capture_error_mode = capture_error_mode
+        self.capture_error_mode: CaptureErrorMode = capture_error_mode
 
     def __enter__(self) -> CUDAGraph:
         self.cuda_graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode,
@@ -317,32 +370,31 @@ class graph:
         return self.cuda_graph
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+                 tb: TracebackType | None) -> None:
         if exc_type is not None:
             self.cuda_graph._abort_capture()
-            return False
+            return
         try:
             self.cuda_graph.capture_end()
         except BaseException:
             self.cuda_graph._abort_capture()
             raise
-        return False
 
 
 # ---------------------------------------------------------------- graphed callables
 
 def _flatten_outputs(out: object, where: str) -> Outputs:
-    from .._tensor_api import Tensor
-    if isinstance(out, Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and all(isinstance(o, Tensor) for o in out):
+    from .._tensor_api import Tensor as _Tensor
+    if isinstance(out, _Tensor):
+        return out                                   # type: ignore[return-value]  # the same class
+    if isinstance(out, (tuple, list)) and all(isinstance(o, _Tensor) for o in out):
         return type(out)(out)
     raise TypeError(f"{where} must return a tensor or a tuple/list of tensors to be graphed, "
                     f"got {type(out).__name__}")
 
 
 def capture_callable(fn: Callable[..., Any], static_args: Sequence[Any], *, warmup: int = 2,
-                     pool: PoolLike = None, capture_error_mode: str = "global",
+                     pool: PoolLike = None, capture_error_mode: CaptureErrorMode = "global",
                      where: str = "fn") -> tuple[CUDAGraph, Outputs]:
     """Warm ``fn`` up on a side stream, then capture ``fn(*static_args)``.
 
@@ -371,27 +423,77 @@ def capture_callable(fn: Callable[..., Any], static_args: Sequence[Any], *, warm
     return g, _flatten_outputs(out, where)
 
 
+@overload
+def make_graphed_callables(callables: Callable[P, R], sample_args: Sequence[Tensor],
+                           num_warmup_iters: int = 3) -> Callable[P, R]: ...
+@overload
+def make_graphed_callables(callables: tuple[Callable[P1, R1]], sample_args: Sequence[Sequence[Tensor]],
+                           num_warmup_iters: int = 3) -> tuple[Callable[P1, R1]]: ...
+@overload
+def make_graphed_callables(callables: tuple[Callable[P1, R1], Callable[P2, R2]],
+                           sample_args: Sequence[Sequence[Tensor]],
+                           num_warmup_iters: int = 3) -> tuple[Callable[P1, R1], Callable[P2, R2]]: ...
+@overload
+def make_graphed_callables(callables: tuple[Callable[P1, R1], Callable[P2, R2], Callable[P3, R3]],
+                           sample_args: Sequence[Sequence[Tensor]], num_warmup_iters: int = 3,
+                           ) -> tuple[Callable[P1, R1], Callable[P2, R2], Callable[P3, R3]]: ...
+@overload
+def make_graphed_callables(callables: Sequence[Callable[..., Any]], sample_args: Sequence[Sequence[Tensor]],
+                           num_warmup_iters: int = 3) -> tuple[Callable[..., Any], ...]: ...
+
+
 def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[..., Any]],
                            sample_args: Sequence[Any], num_warmup_iters: int = 3) -> Any:
-    """Graph each callable with its sample arguments (tuples of tensors), in
-    order, into one shared memory pool, and return callables that stage their
-    arguments into the captured inputs and replay (for inference: tensorplay
-    has no autograd). A single callable and args tuple may be given instead of
-    tuples. The outputs returned are the graphs' static outputs, overwritten by
-    the next call."""
-    from .._tensor_api import Tensor
-    single = callable(callables)
-    if single:
-        callables, sample_args = (callables,), (sample_args,)
-    if len(callables) != len(sample_args):
+    """Graph callables for inference: each call then stages its arguments and replays.
+
+    Each callable is warmed up and captured with its sample arguments, in
+    order, into one shared memory pool (so the graphs must run in that
+    order when their outputs feed one another). Calling a returned callable
+    copies its tensor arguments into the captured inputs and replays the
+    graph (:meth:`CUDAGraph.stage_and_launch`). tensorplay has no autograd:
+    this is ``torch.cuda.make_graphed_callables`` for inference.
+
+    Parameters
+    ----------
+    callables : callable or tuple of callables
+        What to graph; each must take CUDA tensors positionally and return a
+        tensor or a tuple/list of tensors.
+    sample_args : tuple of Tensor, or tuple of tuples of Tensor
+        The sample arguments (CUDA tensors): one tuple for a single callable,
+        one tuple per callable otherwise.
+    num_warmup_iters : int, optional
+        Runs before each capture (default 3), so that kernels compile and load.
+
+    Returns
+    -------
+    callable or tuple of callables
+        The graphed callables, of the same signature; a single callable for
+        a single callable given. Their outputs are the graphs' static
+        outputs, overwritten by the next call.
+
+    Raises
+    ------
+    TypeError
+        If a sample argument is not a CUDA tensor or a callable is not callable.
+    RuntimeError
+        If a callable cannot be captured (a host read such as ``item()``).
+    """
+    from .._tensor_api import Tensor as _Tensor
+    if callable(callables):
+        fns: Sequence[Callable[..., Any]] = (callables,)
+        arg_tuples: Sequence[Any] = (sample_args,)
+        single = True
+    else:
+        fns, arg_tuples, single = callables, sample_args, False
+    if len(fns) != len(arg_tuples):
         raise ValueError("make_graphed_callables: one tuple of sample args per callable")
     pool = graph_pool_handle()
     graphed = []
-    for fn, args in zip(callables, sample_args):
+    for fn, args in zip(fns, arg_tuples):
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
         args = tuple(args)
-        if not all(isinstance(a, Tensor) and a.is_cuda for a in args):
+        if not all(isinstance(a, _Tensor) and a.is_cuda for a in args):
             raise TypeError("make_graphed_callables: sample args must be CUDA tensors")
         static = [a.clone() for a in args]
         g, out = capture_callable(fn, static, warmup=num_warmup_iters, pool=pool,

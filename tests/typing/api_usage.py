@@ -4,6 +4,7 @@ the public API must type-check, and the types mypy infers must be these."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, assert_type
 
 import numpy as np
@@ -12,6 +13,7 @@ import numpy.typing as npt
 import tensorplay as tp
 from tensorplay._stax import cudagraphs
 from tensorplay.cuda import CUDAGraph
+from tensorplay.types import DeviceLike, StreamLike
 
 
 def creation() -> None:
@@ -27,6 +29,28 @@ def creation() -> None:
     assert_type(a.device, tp.device)
     assert_type(a.numpy(), npt.NDArray[Any])
     assert_type(a.item(), bool | int | float)
+    assert_type(tp.zeros_like(input=a, dtype="float16"), tp.Tensor)
+    assert_type(list(a), list[tp.Tensor])
+
+
+def reductions(a: tp.Tensor) -> None:
+    assert_type(tp.max(a), tp.Tensor)
+    assert_type(tp.max(a, 0), tp.return_types.max)
+    assert_type(tp.max(input=a, dim=1, keepdim=True).values, tp.Tensor)
+    assert_type(a.min(dim=0).indices, tp.Tensor)
+    assert_type(a.min(), tp.Tensor)
+    values, indices = a.max(1)
+    assert_type(values, tp.Tensor)
+    assert_type(tp.mean(input=a, dim=(0, 1), keepdim=True, dtype=tp.float64), tp.Tensor)
+    assert_type(a.var(dim=0, correction=0), tp.Tensor)
+    tp.sum(a, 0, False, tp.float64)  # type: ignore[call-arg]  # dtype is keyword-only
+
+
+def narrowing(obj: object, where: DeviceLike) -> tp.Tensor:
+    if tp.is_tensor(obj):
+        assert_type(obj, tp.Tensor)
+        return obj.to(where)
+    return tp.zeros(1, device=where)
 
 
 def ops(a: tp.Tensor, b: tp.Tensor) -> tp.Tensor:
@@ -49,6 +73,9 @@ def graphs(x: tp.Tensor, flag: tp.Tensor) -> float:
         g.end_capture_to_conditional_node()
     g.replay()
     g.replay(tp.cuda.Stream())
+    g.replay(tp.cuda.ExternalStream(0))
+    g.replay("stream")  # type: ignore[arg-type]  # streams, stream-like objects and handles only
+    assert_type(g.capture_stream, tp.cuda.Stream | None)
     g.stage_and_launch([x], [tp.ones_like(x)])
     assert_type(g.pool_id, int | None)
     assert_type(g.describe(), dict[str, Any])
@@ -57,6 +84,11 @@ def graphs(x: tp.Tensor, flag: tp.Tensor) -> float:
     with tp.cuda.graph(h, pool=g.pool_id):
         x.mul_(3)
     h.reset()
+    h.capture_begin(capture_error_mode="relaxed")
+    h.capture_end()
+    h.capture_begin(capture_error_mode="strict")  # type: ignore[arg-type]  # a Literal of three modes
+    with tp.cuda.graph(h, capture_error_mode="local"):  # type: ignore[arg-type]
+        pass
     assert_type(tp.cuda.is_current_stream_capturing(), bool)
     assert_type(tp.cuda.live_driver_objects(), dict[str, int])
     return float(y.sum().item())
@@ -65,6 +97,40 @@ def graphs(x: tp.Tensor, flag: tp.Tensor) -> float:
 @cudagraphs.cudagraphify
 def layer(x: tp.Tensor) -> tp.Tensor:
     return x.tanh()
+
+
+@cudagraphs.cudagraphify(warmup=3, capture_error_mode="global")
+def scaled(x: tp.Tensor, factor: float = 2.0) -> tuple[tp.Tensor, tp.Tensor]:
+    return x * factor, x.relu()
+
+
+def graphed_callables(x: tp.Tensor, s: StreamLike) -> None:
+    # cudagraphify keeps the function's signature (ParamSpec) and return type
+    typed: cudagraphs.CUDAGraphified[[tp.Tensor], tp.Tensor] = layer
+    assert_type(typed.num_captures, int)
+    assert_type(layer(x), tp.Tensor)
+    assert_type(scaled(x, factor=0.5), tuple[tp.Tensor, tp.Tensor])
+    layer(x, 2)  # type: ignore[call-arg]
+    scaled(x, factor="big")  # type: ignore[arg-type]
+
+    def step(a: tp.Tensor) -> tp.Tensor:
+        return a * 2
+
+    def pair(a: tp.Tensor, b: tp.Tensor) -> tuple[tp.Tensor, tp.Tensor]:
+        return a + b, a - b
+
+    # make_graphed_callables returns callables of the same signatures
+    one = tp.cuda.make_graphed_callables(step, (x,))
+    assert_type(one(x), tp.Tensor)
+    one(x, x)  # type: ignore[call-arg]
+    both = tp.cuda.make_graphed_callables((step, pair), ((x,), (x, x)))
+    first: Callable[[tp.Tensor], tp.Tensor] = both[0]
+    assert_type(both[1](x, x), tuple[tp.Tensor, tp.Tensor])
+    many = tp.cuda.make_graphed_callables([step, step, step, step], [(x,)] * 4)
+    assert_type(many, tuple[Callable[..., Any], ...])
+    first(x)
+    with tp.cuda.stream(s):
+        one(x)
 
 
 def streams_and_memory() -> int:

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Types for annotating code that uses tensorplay: ``tensorplay.types``.
+
+These are the names the API reference's signatures and the type stubs use
+for what a parameter accepts (a number, a device, a dtype, a size, a
+stream). Use them in your own annotations::
+
+    import tensorplay as tp
+    from tensorplay.types import DeviceLike
+
+    def ramp(n: int, device: DeviceLike = None) -> tp.Tensor:
+        return tp.arange(n, device=device)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, Union
+
+import numpy as np
+
+from ._device import device
+from ._dtypes import dtype
+from ._stream import Stream
+
+if TYPE_CHECKING:
+    from . import Tensor
+    from .cuda.graphs import CUDAGraph
+else:
+    from ._tensor_api import Tensor
+
+__all__ = ["CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "Number", "PoolLike",
+           "Size", "StreamLike", "SupportsCudaStream", "TensorOrNumber"]
+
+#: A Python scalar operand: ``bool``, ``int`` or ``float``.
+Number: TypeAlias = bool | int | float
+
+#: An operand of the elementwise operations: a tensor or a Python scalar.
+TensorOrNumber: TypeAlias = Union[Tensor, bool, int, float]
+
+#: A device: a :class:`tensorplay.device`, a string (``"cpu"``, ``"cuda"``,
+#: ``"cuda:1"``), a CUDA device index, or None (the default device).
+DeviceLike: TypeAlias = device | str | int | None
+
+#: A dtype: a :class:`tensorplay.dtype`, its name (``"float16"``), a NumPy
+#: dtype, a Python type (``bool``, ``int``, ``float``), or None (the default).
+DTypeLike: TypeAlias = dtype | str | type | np.dtype[Any] | None
+
+#: A shape: one int or a sequence of ints.
+Size: TypeAlias = int | Sequence[int]
+
+#: The dimensions a reduction runs over: one, several, or None (all).
+Dims: TypeAlias = int | Sequence[int] | None
+
+
+class SupportsCudaStream(Protocol):
+    """An object exporting a CUDA stream through the CUDA stream protocol
+    (``__cuda_stream__() -> (version, handle)``), as ``cuda.core`` streams do."""
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """Return ``(version, handle)``: the protocol version (0) and the ``CUstream``."""
+        ...
+
+
+class HasCudaStream(Protocol):
+    """An object holding a CUDA stream handle in a ``cuda_stream`` attribute,
+    as ``torch.cuda.Stream`` does."""
+
+    @property
+    def cuda_stream(self) -> int:
+        """The ``CUstream`` handle as an int."""
+        ...
+
+
+#: A stream: a :class:`tensorplay.cuda.Stream`, an object exporting one
+#: (``__cuda_stream__`` or ``cuda_stream``, as cuda.core, CuPy and PyTorch
+#: streams do), or a raw ``CUstream`` handle as an int.
+StreamLike: TypeAlias = Union[Stream, SupportsCudaStream, HasCudaStream, int]
+
+#: How strictly a capture guards against unsafe CUDA calls (CU_STREAM_CAPTURE_MODE_*):
+#: ``"global"`` (any thread's unsafe call fails the capture), ``"thread_local"``
+#: (only this thread's) or ``"relaxed"`` (no guard).
+CaptureErrorMode: TypeAlias = Literal["global", "thread_local", "relaxed"]
+
+#: The memory pool a capture allocates from: None (a fresh private pool), an
+#: id from :func:`tensorplay.cuda.graph_pool_handle` or a graph's ``pool_id``,
+#: or a :class:`tensorplay.cuda.CUDAGraph` whose pool is shared.
+PoolLike: TypeAlias = Union["CUDAGraph", int, None]
