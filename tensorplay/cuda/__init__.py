@@ -11,7 +11,7 @@ from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_
 from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_device_access_peer,
                      disable_peer_access, enable_peer_access,
                      current_device, device_count, driver_version, get_device_capability,
-                     get_device_name, get_device_properties, is_available, mem_get_info,
+                     get_device_name, get_device_properties, is_available, is_device_supported, mem_get_info,
                      set_device, unavailable_reason)
 from .._cuda import device_index as _device_index, synchronize as _synchronize_context
 from .._graph import live_graph_objects as _live_graph_objects
@@ -55,7 +55,7 @@ __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKerne
     "can_device_access_peer", "current_device", "current_stream", "default_stream", "device",
     "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
-    "get_device_properties", "graph_pool_handle", "is_available", "live_driver_objects", "max_memory_allocated",
+    "get_device_properties", "graph_pool_handle", "is_available", "is_device_supported", "live_driver_objects", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
     "unavailable_reason",
