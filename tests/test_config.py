@@ -141,6 +141,81 @@ def test_make_error_keeps_the_status_code_and_name():
     assert back.code == 2 and back.name == "CUDA_ERROR_OUT_OF_MEMORY" and "1 TiB" in str(back)
 
 
+# ------------------------------------------------------------ kernel cache and logging
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORPLAY_CACHE_DIR", str(tmp_path))
+    _nvrtc.clear_memory_cache()
+    yield tmp_path / "kernels"
+    _nvrtc.clear_memory_cache()
+
+
+def _unique_source(tag):
+    return 'extern "C" __global__ void %s(int* x) { x[0] = %d; }' % (tag, os.getpid())
+
+
+def test_kernel_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORPLAY_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tp.cuda.kernel_cache_dir() == str(tmp_path / "a" / "kernels")
+    monkeypatch.delenv("TENSORPLAY_CACHE_DIR")
+    assert tp.cuda.kernel_cache_dir() == str(tmp_path / "xdg" / "tensorplay" / "kernels")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert tp.cuda.kernel_cache_dir() == os.path.expanduser("~/.cache/tensorplay/kernels")
+
+
+def test_compiling_a_kernel_logs_name_target_and_time(cache, caplog):
+    with caplog.at_level(logging.DEBUG, logger="tensorplay"):
+        _nvrtc.compile_cubin(_unique_source("logged_kernel"), "logged_kernel.cu", arch=ARCH)
+    compiled = [r for r in caplog.records if r.name == "tensorplay.nvrtc" and r.levelno == logging.INFO]
+    assert len(compiled) == 1, caplog.text
+    msg = compiled[0].getMessage()
+    assert msg.startswith("compiled kernel logged_kernel for sm_90 with NVRTC ") and msg.endswith(" ms")
+
+    caplog.clear()
+    _nvrtc.clear_memory_cache()
+    with caplog.at_level(logging.DEBUG, logger="tensorplay"):
+        _nvrtc.compile_cubin(_unique_source("logged_kernel"), "logged_kernel.cu", arch=ARCH)
+    hits = [r for r in caplog.records if r.name == "tensorplay.nvrtc"]
+    assert [r.levelno for r in hits] == [logging.DEBUG], caplog.text
+    assert "logged_kernel" in hits[0].getMessage() and "from the cache" in hits[0].getMessage()
+
+
+def test_memory_cache_hits_log_nothing(cache, caplog):
+    src = _unique_source("quiet_kernel")
+    _nvrtc.compile_cubin(src, arch=ARCH)
+    with caplog.at_level(logging.DEBUG, logger="tensorplay"):
+        _nvrtc.compile_cubin(src, arch=ARCH)
+    assert not [r for r in caplog.records if r.name.startswith("tensorplay")]
+
+
+def test_kernel_cache_info_and_clear(cache):
+    assert tp.cuda.kernel_cache_info()["files"] == 0
+    before = tp.cuda.kernel_cache_info()["compiled"]
+    _nvrtc.compile_cubin(_unique_source("cached_a"), arch=ARCH)
+    _nvrtc.compile_cubin(_unique_source("cached_b"), arch=ARCH)
+    info = tp.cuda.kernel_cache_info()
+    assert info["path"] == str(cache) == tp.cuda.kernel_cache_dir()
+    assert info["files"] == 2 and info["bytes"] == sum(f.stat().st_size for f in cache.rglob("*.bin"))
+    assert info["compiled"] == before + 2
+    keep = cache / "README.txt"
+    keep.write_text("not ours")
+
+    removed = tp.cuda.clear_kernel_cache()
+    assert removed == {"path": str(cache), "files": 2, "bytes": info["bytes"]}
+    assert not list(cache.rglob("*.bin")) and keep.exists()
+    assert tp.cuda.kernel_cache_info()["files"] == 0
+    _nvrtc.compile_cubin(_unique_source("cached_a"), arch=ARCH)    # compiles again
+    assert tp.cuda.kernel_cache_info()["compiled"] == before + 3
+
+
+def test_clearing_a_missing_cache_is_fine(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORPLAY_CACHE_DIR", str(tmp_path / "never-made"))
+    assert tp.cuda.clear_kernel_cache()["files"] == 0
+    assert tp.cuda.kernel_cache_info()["files"] == 0
+
+
 # ------------------------------------------------------------ repr during a capture
 
 def test_capture_repr_names_shape_dtype_and_device():
