@@ -216,6 +216,44 @@ def test_clearing_a_missing_cache_is_fine(tmp_path, monkeypatch):
     assert tp.cuda.kernel_cache_info()["files"] == 0
 
 
+# ------------------------------------------------------------ show_config
+
+def test_show_config_prints_versions_cache_and_environment(cache, monkeypatch, capsys):
+    monkeypatch.setenv("TENSORPLAY_DISABLE_CUDA", "0")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    _nvrtc.compile_cubin(_unique_source("config_kernel"), arch=ARCH)
+    tp.show_config()
+    out = capsys.readouterr().out
+    rows = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        rows[key.strip()] = value.strip()
+    from importlib import metadata
+    assert rows["tensorplay"] == tp.__version__
+    assert rows["python"] == sys.version.split()[0]
+    for dist in ("numpy", "ml_dtypes", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc"):
+        assert rows[dist] == metadata.version(dist), dist
+    assert "nvidia-cublas" in rows
+    assert rows["nvrtc"] == ".".join(map(str, _nvrtc.nvrtc_version()))
+    assert rows["kernel cache"].startswith(f"{cache} (1 file, ")
+    assert rows["TENSORPLAY_CACHE_DIR"] == str(cache.parent)
+    assert rows["XDG_CACHE_HOME"] == "(not set)" and rows["TENSORPLAY_DISABLE_CUDA"] == "0"
+    if HAS_CUDA:
+        assert rows["cuda"] == "available" and rows["driver"].startswith("CUDA 13.")
+        assert "compute capability" in rows["gpu"]
+    else:
+        assert rows["cuda"] == f"not available: {tp.cuda.unavailable_reason()}"
+
+
+def test_config_is_a_dict_without_a_gpu_too(cache):
+    info = tp.config()
+    assert info["kernel_cache"]["path"] == str(cache)
+    assert set(info["env"]) == {"TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA"}
+    assert (info["cuda"] is None) == HAS_CUDA
+    if not HAS_CUDA:
+        assert info["gpus"] == []
+
+
 # ------------------------------------------------------------ repr during a capture
 
 def test_capture_repr_names_shape_dtype_and_device():
