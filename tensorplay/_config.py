@@ -94,6 +94,7 @@ def show_config(file=None) -> None:
     available), the kernel cache folder and its size, and the environment
     variables tensorplay reads. Paste it into bug reports; works without a GPU.
     """
+    from . import _cuda
     info = config()
     out = file or sys.stdout
     cache = info["kernel_cache"]
@@ -107,7 +108,10 @@ def show_config(file=None) -> None:
         driver = f"CUDA {driver}"
         if info["driver_module"]:
             driver += f" (kernel module {info['driver_module']})"
-    rows.append(("driver", driver or "not found"))
+    if driver is None:
+        driver = "not loaded (TENSORPLAY_DISABLE_CUDA)" if _cuda._disabled_by_env(
+            info["env"]["TENSORPLAY_DISABLE_CUDA"]) else "not found"
+    rows.append(("driver", driver))
     if info["cuda"] is None:
         rows.append(("cuda", "available"))
         rows.extend(("gpu" if k == 0 else "", g) for k, g in enumerate(info["gpus"]))

@@ -245,6 +245,15 @@ def test_show_config_prints_versions_cache_and_environment(cache, monkeypatch, c
         assert rows["cuda"] == f"not available: {tp.cuda.unavailable_reason()}"
 
 
+def test_show_config_with_cuda_disabled():
+    out = _run("import tensorplay as tp\ntp.show_config()", TENSORPLAY_DISABLE_CUDA="1")
+    assert out.returncode == 0, out.stderr
+    rows = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.stdout.splitlines())}
+    assert rows["driver"] == "not loaded (TENSORPLAY_DISABLE_CUDA)"
+    assert rows["cuda"] == "not available: the environment variable TENSORPLAY_DISABLE_CUDA turns CUDA off"
+    assert rows["TENSORPLAY_DISABLE_CUDA"] == "1"
+
+
 def test_config_is_a_dict_without_a_gpu_too(cache):
     info = tp.config()
     assert info["kernel_cache"]["path"] == str(cache)

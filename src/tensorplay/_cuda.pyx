@@ -285,9 +285,10 @@ def unavailable_reason():
     return g_init_error
 
 
-def is_device_supported(device):
-    """Return True when ``device`` (an index) has compute capability 7.5 or
-    newer, which tensorplay's kernels need.
+def is_device_supported(device=None):
+    """Return True when ``device`` (an index, ``"cuda:N"`` or a device;
+    default: the current one) has compute capability 7.5 or newer, which
+    tensorplay's kernels need.
 
     Older devices on a machine that also has a supported one are counted by
     :func:`device_count` and can be queried, but work on them raises
