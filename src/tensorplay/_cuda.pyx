@@ -309,8 +309,8 @@ def _raw_driver_version():
 def device_count():
     """Return the number of CUDA devices (0 when CUDA is not available), cuDeviceGetCount.
 
-    Devices below compute capability 7.5 are counted (indices match
-    ``nvidia-smi`` and ``CUDA_VISIBLE_DEVICES``); see :func:`is_device_supported`.
+    Devices below compute capability 7.5 are counted (device indices stay the
+    driver's, as other CUDA programs see them); see :func:`is_device_supported`.
     """
     _init_driver()
     return g_device_count if g_init_error is None else 0
