@@ -8,11 +8,19 @@ source, the options, the target architecture and the NVRTC version.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import threading
+import time
 
-__all__ = ["NVRTCError", "compile_cubin", "nvrtc_version", "cache_dir", "supported_archs"]
+__all__ = ["NVRTCError", "compile_cubin", "nvrtc_version", "cache_dir", "cache_info", "clear_cache",
+           "supported_archs"]
+
+# Each compilation is logged at INFO (kernel, target, milliseconds), each CUBIN
+# read back from the on-disk cache at DEBUG; nothing is printed unless the
+# application configures logging (e.g. logging.basicConfig(level=logging.INFO)).
+logger = logging.getLogger("tensorplay.nvrtc")
 
 
 class NVRTCError(RuntimeError):
@@ -84,12 +92,18 @@ def supported_archs():
     return list(archs)
 
 
-def cache_dir():
-    """Where compiled kernels are kept: $TENSORPLAY_CACHE_DIR or ~/.cache/tensorplay."""
+def cache_root():
+    """tensorplay's cache folder: ``$TENSORPLAY_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/tensorplay``, else ``~/.cache/tensorplay`` (read at each call)."""
     d = os.environ.get("TENSORPLAY_CACHE_DIR")
     if not d:
         d = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tensorplay")
-    return os.path.join(d, "kernels")
+    return d
+
+
+def cache_dir():
+    """Where compiled kernels are kept: the ``kernels`` folder of :func:`cache_root`."""
+    return os.path.join(cache_root(), "kernels")
 
 
 def cache_key(source: str, options: tuple, arch: int) -> str:
@@ -137,15 +151,27 @@ def compile_cubin(source: str, name: str = "kernel.cu", options=(), arch: int = 
             with _lock:
                 _memory_cache[key] = image
                 _stats["disk_hits"] += 1
+            logger.debug("kernel %s for sm_%d loaded from the cache %s",
+                         _kernel_name(name), arch, path)
             return image
     except OSError:
         pass
+    start = time.perf_counter()
     image = _compile(source, name, options, arch)
+    if logger.isEnabledFor(logging.INFO):
+        target, cubin = target_for(arch)
+        logger.info("compiled kernel %s for %s%s with NVRTC %s in %.1f ms", _kernel_name(name), target,
+                    "" if cubin else " (PTX: this NVRTC does not know the GPU)",
+                    ".".join(map(str, nvrtc_version())), (time.perf_counter() - start) * 1e3)
     with _lock:
         _memory_cache[key] = image
         _stats["compiled"] += 1
     _write_atomic(path, image)
     return image
+
+
+def _kernel_name(name):
+    return name[:-3] if name.endswith(".cu") else name
 
 
 def _compile(source, name, options, arch):
@@ -193,3 +219,69 @@ def cache_stats():
 def clear_memory_cache():
     with _lock:
         _memory_cache.clear()
+
+
+def _cache_files(root):
+    """The files tensorplay wrote under ``root``: ``xx/<sha256>.bin`` images and
+    temporary files a crash left behind."""
+    try:
+        subdirs = os.listdir(root)
+    except OSError:
+        return
+    for sub in subdirs:
+        d = os.path.join(root, sub)
+        if len(sub) != 2 or not os.path.isdir(d):
+            continue
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            if (n.endswith(".bin") and len(n) == 68 and n.startswith(sub)) or n.endswith(".tmp"):
+                yield os.path.join(d, n)
+
+
+def cache_info():
+    """The on-disk kernel cache: ``{"path", "files", "bytes"}``, and this
+    process's ``compiled``, ``memory_hits`` and ``disk_hits`` counts."""
+    root = cache_dir()
+    files = size = 0
+    for f in _cache_files(root):
+        try:
+            size += os.path.getsize(f)
+            files += 1
+        except OSError:
+            pass
+    return {"path": root, "files": files, "bytes": size, **cache_stats()}
+
+
+def clear_cache():
+    """Delete the compiled kernels under :func:`cache_dir` and the in-memory
+    copies; return ``{"path", "files", "bytes"}`` of what was removed. Kernels
+    already loaded into a device stay loaded.
+
+    Only the files tensorplay writes there are removed (then the empty
+    folders), so a cache folder shared with other files is safe to clear.
+    """
+    root = cache_dir()
+    files = size = 0
+    for f in list(_cache_files(root)):
+        try:
+            n = os.path.getsize(f)
+            os.remove(f)
+        except OSError:
+            continue
+        files += 1
+        size += n
+    for sub in (os.listdir(root) if os.path.isdir(root) else ()):
+        try:
+            os.rmdir(os.path.join(root, sub))    # only when empty
+        except OSError:
+            pass
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
+    clear_memory_cache()
+    logger.debug("cleared the kernel cache %s: %d files, %d bytes", root, files, size)
+    return {"path": root, "files": files, "bytes": size}

@@ -17,6 +17,7 @@ from ._device import as_device, device as _device_cls
 from ._ops import _kernels
 from ._stream import Event, current_stream, current_stream_handle_of
 from ._tensor import TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
+from ._tensor import host_reads_blocked as _host_reads_blocked
 
 __all__ = ["Tensor", "tensor", "empty", "zeros", "ones", "full", "arange", "empty_like",
            "zeros_like", "ones_like", "full_like", "from_numpy", "is_tensor"]
@@ -492,6 +493,13 @@ def _upload(dst, host):
     memcpy_htod_async(dst.data_ptr(), host.ctypes.data, host.nbytes, dev, current_stream_handle_of(dev))
 
 
+def _capture_repr(t):
+    """The repr of a CUDA tensor while a capture is open: what is known
+    without reading the device."""
+    return (f"tensor(<captured: not readable during a CUDA graph capture>, shape={tuple(t.shape)}, "
+            f"dtype={t.dtype!r}, device='{t.device}')")
+
+
 def _download(src):
     """A new host array with ``src``'s values (waits for the current stream)."""
     if not src.is_contiguous():
@@ -702,6 +710,9 @@ class Tensor(TensorBase):
         return (self[i] for i in range(self.shape[0]))
 
     def __repr__(self):
+        if self.is_cuda and _host_reads_blocked(self._device_index_,
+                                                current_stream_handle_of(self._device_index_)):
+            return _capture_repr(self)     # a host copy would break the capture
         arr = self.numpy()
         body = np.array2string(arr.astype(np.float32) if self.dtype is dt.bfloat16 else arr,
                                separator=", ", prefix="tensor(")

@@ -253,7 +253,7 @@ def test_show_config_reports_versions(capsys):
     assert info["tensorplay"] == tp.__version__ and info["numpy"] == np.__version__
     assert info["nvrtc"].split(".")[0].isdigit()
     if not HAS_CUDA:
-        assert info["gpus"] == [] and info["driver"] is None
+        assert info["gpus"] == [] and info["cuda"]     # the driver may be there, the GPU not
     tp.show_config()
     out = capsys.readouterr().out
     assert "tensorplay" in out and "cuda-bindings" in out

@@ -46,7 +46,91 @@ class OutOfMemoryError(CudaError):
 
 
 class CudaUnavailableError(RuntimeError):
-    """No usable CUDA driver or device: the operation needs a GPU."""
+    """No usable CUDA driver or device: the operation needs a GPU.
+
+    Raised where work needs a GPU and none is usable (no driver, a driver
+    older than CUDA 13.0, no device of compute capability 7.5 or newer,
+    ``TENSORPLAY_DISABLE_CUDA`` set), and when a device below compute
+    capability 7.5 on a machine that also has a supported one is used.
+    """
+
+
+# The public module path: tracebacks and reprs show tensorplay.cuda.CudaError,
+# and pickle finds the classes there (tensorplay.cuda re-exports them).
+for _cls in (CudaError, OutOfMemoryError, CudaUnavailableError):
+    _cls.__module__ = "tensorplay.cuda"
+del _cls
+
+
+# ------------------------------------------------------------- requirements
+
+# cuDriverGetVersion of the oldest driver tensorplay runs on: CUDA 13.0
+# (driver branch R580). The build uses newer CUDA 13.x headers; what they
+# declare beyond 13.0 is not called, and NVRTC's CUBIN loads on any 13.x driver.
+MIN_DRIVER_VERSION = 13000
+MIN_DRIVER_BRANCH = 580
+# NVRTC 13 targets compute capability 7.5 (Turing) and newer only.
+MIN_COMPUTE_CAPABILITY = (7, 5)
+
+
+def _format_cuda_version(int version):
+    """13000 -> '13.0', as cuDriverGetVersion encodes it."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def _driver_version_problem(int version):
+    """The reason a driver reporting CUDA ``version`` (cuDriverGetVersion's
+    encoding, e.g. 13000) cannot be used, or None when it can."""
+    if version >= MIN_DRIVER_VERSION:
+        return None
+    if version <= 0:
+        return "the NVIDIA driver did not report its CUDA version (cuDriverGetVersion)"
+    return (f"the NVIDIA driver supports CUDA {_format_cuda_version(version)}, but tensorplay "
+            f"needs a driver for CUDA {_format_cuda_version(MIN_DRIVER_VERSION)} or newer "
+            f"(driver R{MIN_DRIVER_BRANCH} or newer)")
+
+
+def _capability_supported(int major, int minor):
+    """True when NVRTC 13 can compile tensorplay's kernels for compute
+    capability ``major.minor``."""
+    return (major, minor) >= MIN_COMPUTE_CAPABILITY
+
+
+def _unsupported_device_message(int index, str name, int major, int minor):
+    m, n = MIN_COMPUTE_CAPABILITY
+    return (f"cuda:{index} ({name}) has compute capability {major}.{minor}, but tensorplay's "
+            f"NVRTC-compiled kernels need compute capability {m}.{n} or newer (Turing or newer)")
+
+
+def _devices_problem(devices):
+    """The reason none of ``devices`` (a sequence of (name, major, minor), in
+    device order) can be used, or None when at least one can."""
+    devices = list(devices)
+    if not devices:
+        return "the NVIDIA driver reports no CUDA devices"
+    if any(_capability_supported(major, minor) for _, major, minor in devices):
+        return None
+    if len(devices) == 1:
+        name, major, minor = devices[0]
+        return _unsupported_device_message(0, name, major, minor)
+    m, n = MIN_COMPUTE_CAPABILITY
+    found = ", ".join(f"cuda:{i} {name} {major}.{minor}" for i, (name, major, minor) in enumerate(devices))
+    return (f"no CUDA device has compute capability {m}.{n} or newer (found {found}), "
+            f"which tensorplay's NVRTC-compiled kernels need (Turing or newer)")
+
+
+def _driver_load_problem(exc):
+    """Our sentence for an exception raised while loading the driver library."""
+    # cuda.pathfinder's DynamicLibNotFoundError (and its subclasses): no libcuda.so.1
+    if any(c.__name__ == "DynamicLibNotFoundError" for c in type(exc).__mro__):
+        return "no NVIDIA driver was found (libcuda.so.1 could not be loaded)"
+    return f"the NVIDIA driver library libcuda.so.1 could not be used ({type(exc).__name__}: {exc})"
+
+
+def _disabled_by_env(value):
+    """True when TENSORPLAY_DISABLE_CUDA's ``value`` turns CUDA off: set and
+    not empty, '0', 'false', 'no' or 'off'."""
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _error_strings(int code):
@@ -90,6 +174,9 @@ cdef int raise_cuda_error(cydriver.CUresult result) except -1 nogil:
 cdef bint g_init_done = False
 cdef object g_init_error = None          # why the driver is unusable, if it is
 cdef int g_device_count = 0
+cdef int g_driver_version = 0           # cuDriverGetVersion, 0 when unknown
+cdef bint g_supported[MAX_DEVICES]      # compute capability 7.5 or newer
+memset(g_supported, 0, sizeof(g_supported))
 cdef cydriver.CUcontext g_primary[MAX_DEVICES]
 memset(g_primary, 0, sizeof(g_primary))
 
@@ -109,52 +196,122 @@ cdef int g_init_pid = 0
 
 
 cdef int _init_driver() except -1:
-    """Run cuInit once; remember why it failed instead of raising."""
-    global g_init_done, g_init_error, g_device_count, g_init_pid
+    """Load the driver and check what tensorplay needs, once; remember why
+    CUDA is unusable (one sentence) instead of raising."""
+    global g_init_done, g_init_error, g_init_pid
     if g_init_done:
         return 0
     with g_lock:
         if g_init_done:
             return 0
-        if os.environ.get("TENSORPLAY_DISABLE_CUDA"):
-            g_init_error = "CUDA disabled by TENSORPLAY_DISABLE_CUDA"
+        if _disabled_by_env(os.environ.get("TENSORPLAY_DISABLE_CUDA")):
+            g_init_error = "the environment variable TENSORPLAY_DISABLE_CUDA turns CUDA off"
         else:
             try:
-                r = cydriver.cuInit(0)
-                if r != cydriver.CUDA_SUCCESS:
-                    name, desc = _error_strings(r)
-                    g_init_error = f"cuInit failed: {name}: {desc}"
-                else:
-                    r = cydriver.cuDeviceGetCount(&g_device_count)
-                    if r != cydriver.CUDA_SUCCESS:
-                        name, desc = _error_strings(r)
-                        g_init_error = f"cuDeviceGetCount failed: {name}: {desc}"
-                        g_device_count = 0
-                    elif g_device_count > MAX_DEVICES:
-                        g_device_count = MAX_DEVICES
-            except Exception as exc:  # no libcuda.so: cuda-bindings raises on load
-                g_init_error = f"no CUDA driver found ({exc})"
-        if g_init_error is None and g_device_count == 0:
-            g_init_error = "the CUDA driver reports no devices"
+                g_init_error = _probe_driver()
+            except Exception as exc:   # no libcuda.so.1: cuda-bindings raises on first use
+                g_init_error = _driver_load_problem(exc)
+        if g_init_error is not None:
+            _forget_devices()
         g_init_pid = os.getpid()
         g_init_done = True
     return 0
 
 
+cdef int _forget_devices() except -1:
+    global g_device_count
+    g_device_count = 0
+    memset(g_supported, 0, sizeof(g_supported))
+    return 0
+
+
+cdef object _probe_driver():
+    """cuDriverGetVersion, cuInit, cuDeviceGetCount and each device's compute
+    capability; returns the reason CUDA is unusable, or None."""
+    global g_driver_version, g_device_count
+    cdef int version = 0, count = 0, major = 0, minor = 0
+    cdef cydriver.CUdevice dev
+    cdef char buf[256]
+    r = cydriver.cuDriverGetVersion(&version)   # needs no cuInit: an old driver is named clearly
+    if r != cydriver.CUDA_SUCCESS:
+        name, _ = _error_strings(r)
+        return f"the NVIDIA driver did not report its CUDA version (cuDriverGetVersion returned {name})"
+    g_driver_version = version
+    problem = _driver_version_problem(version)
+    if problem is not None:
+        return problem
+    r = cydriver.cuInit(0)
+    if r == cydriver.CUDA_ERROR_NO_DEVICE:
+        return "the NVIDIA driver reports no CUDA devices"
+    if r != cydriver.CUDA_SUCCESS:
+        name, desc = _error_strings(r)
+        return f"the NVIDIA driver failed to initialise (cuInit returned {name}{': ' + desc if desc else ''})"
+    r = cydriver.cuDeviceGetCount(&count)
+    if r != cydriver.CUDA_SUCCESS:
+        name, _ = _error_strings(r)
+        return f"the NVIDIA driver could not count its devices (cuDeviceGetCount returned {name})"
+    count = min(count, MAX_DEVICES)
+    devices = []
+    for i in range(count):
+        check(cydriver.cuDeviceGet(&dev, i))
+        check(cydriver.cuDeviceGetAttribute(&major, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        check(cydriver.cuDeviceGetAttribute(&minor, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+        check(cydriver.cuDeviceGetName(buf, 256, dev))
+        devices.append((buf.decode(errors="replace"), major, minor))
+        g_supported[i] = _capability_supported(major, minor)
+    g_device_count = count
+    return _devices_problem(devices)
+
+
 def is_available():
-    """Return True when a CUDA driver and at least one device are usable."""
+    """Return True when CUDA is usable: a driver for CUDA 13.0 or newer and at
+    least one device of compute capability 7.5 or newer.
+
+    Never raises and never warns; :func:`unavailable_reason` says why not.
+    ``TENSORPLAY_DISABLE_CUDA=1`` makes it False without touching the driver.
+    """
     _init_driver()
     return g_init_error is None and g_device_count > 0
 
 
 def unavailable_reason():
-    """Why CUDA is not available (None when it is)."""
+    """Return why CUDA is not available, as one sentence, or None when it is.
+
+    For example ``"no NVIDIA driver was found (libcuda.so.1 could not be
+    loaded)"`` or ``"the NVIDIA driver supports CUDA 12.4, but tensorplay needs
+    a driver for CUDA 13.0 or newer (driver R580 or newer)"``.
+    """
     _init_driver()
     return g_init_error
 
 
+def is_device_supported(device=None):
+    """Return True when ``device`` (an index, ``"cuda:N"`` or a device;
+    default: the current one) has compute capability 7.5 or newer, which
+    tensorplay's kernels need.
+
+    Older devices on a machine that also has a supported one are counted by
+    :func:`device_count` and can be queried, but work on them raises
+    :class:`CudaUnavailableError`.
+    """
+    cdef int d = _device_index(device)
+    validate_device(d)
+    return bool(g_supported[d])
+
+
+def _raw_driver_version():
+    """cuDriverGetVersion as the driver reported it (e.g. 13000), or None when
+    no driver was loaded; also when CUDA is otherwise unusable (show_config)."""
+    _init_driver()
+    return g_driver_version if g_driver_version > 0 else None
+
+
 def device_count():
-    """Return the number of CUDA devices (0 without a driver), cuDeviceGetCount."""
+    """Return the number of CUDA devices (0 when CUDA is not available), cuDeviceGetCount.
+
+    Devices below compute capability 7.5 are counted (device indices stay the
+    driver's, as other CUDA programs see them); see :func:`is_device_supported`.
+    """
     _init_driver()
     return g_device_count if g_init_error is None else 0
 
@@ -184,12 +341,23 @@ cdef cydriver.CUcontext primary_context(int device) except? NULL nogil:
         return ctx
     with gil:
         validate_device(device)
+        if not g_supported[device]:
+            _raise_unsupported(device)
         with g_lock:
             if g_primary[device] == NULL:
                 check(cydriver.cuDeviceGet(&dev, device))
                 check(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev))
                 g_primary[device] = ctx
             return g_primary[device]
+
+
+cdef int _raise_unsupported(int device) except -1:
+    cdef int major = 0, minor = 0
+    cdef cydriver.CUdevice dev
+    check(cydriver.cuDeviceGet(&dev, device))
+    major = _attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+    minor = _attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+    raise CudaUnavailableError(_unsupported_device_message(device, get_device_name(device), major, minor))
 
 
 cdef int ensure_context(int device) except -1 nogil:

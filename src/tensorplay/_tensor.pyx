@@ -453,6 +453,27 @@ def memcpy_dtoh(uintptr_t dst_host, uintptr_t src, size_t nbytes, int device, ui
         check(cydriver.cuStreamSynchronize(<cydriver.CUstream>stream))
 
 
+def host_reads_blocked(int device, uintptr_t stream):
+    """Return True when copying device memory to the host now would break a
+    CUDA graph capture.
+
+    True while a tensorplay capture is open on any device or thread (the
+    allocator's count: no driver call), or while ``stream`` of ``device`` is
+    capturing for another library (cuStreamIsCapturing; the legacy stream
+    answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while another stream captures).
+    """
+    cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    cdef cydriver.CUresult r
+    if open_capture_count():
+        return True
+    with nogil:
+        ensure_context(device)
+        r = cydriver.cuStreamIsCapturing(<cydriver.CUstream>stream, &status)
+    if r == cydriver.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return True
+    return r == cydriver.CUDA_SUCCESS and status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+
+
 def memcpy_dtod_async(uintptr_t dst, uintptr_t src, size_t nbytes, int device, uintptr_t stream):
     """cuMemcpyAsync between two allocations of one device."""
     if nbytes == 0:

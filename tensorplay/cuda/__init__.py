@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..types import DeviceLike
 
+from .. import _nvrtc
 from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
                       memory_allocated, memory_reserved, memory_snapshot, memory_stats,
                       reset_peak_memory_stats)
 from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_device_access_peer,
                      disable_peer_access, enable_peer_access,
                      current_device, device_count, driver_version, get_device_capability,
-                     get_device_name, get_device_properties, is_available, mem_get_info,
+                     get_device_name, get_device_properties, is_available, is_device_supported, mem_get_info,
                      set_device, unavailable_reason)
 from .._cuda import device_index as _device_index, synchronize as _synchronize_context
 from .._graph import live_graph_objects as _live_graph_objects
@@ -60,6 +61,32 @@ def live_driver_objects(device: DeviceLike = None) -> dict[str, int]:
     return out
 
 
+def kernel_cache_dir() -> str:
+    """Return the folder holding the compiled kernels (CUBIN).
+
+    ``$TENSORPLAY_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/tensorplay/kernels``,
+    else ``~/.cache/tensorplay/kernels``; read from the environment at each call.
+    """
+    return _nvrtc.cache_dir()
+
+
+def kernel_cache_info() -> dict[str, Any]:
+    """Return the kernel cache's state: ``path`` (:func:`kernel_cache_dir`),
+    ``files`` and ``bytes`` on disk, and this process's counts of NVRTC
+    compilations (``compiled``) and cache hits (``memory_hits``, ``disk_hits``)."""
+    return _nvrtc.cache_info()
+
+
+def clear_kernel_cache() -> dict[str, Any]:
+    """Delete the compiled kernels on disk and in memory, so the next use of
+    each op compiles again; return the ``path``, ``files`` and ``bytes`` removed.
+
+    Only the files tensorplay writes are removed. Kernels already loaded into a
+    device keep working; works without a GPU.
+    """
+    return _nvrtc.clear_cache()
+
+
 def synchronize(device: DeviceLike = None) -> None:
     """Wait for all work on ``device`` to finish, cuCtxSynchronize.
 
@@ -77,10 +104,11 @@ def synchronize(device: DeviceLike = None) -> None:
 
 __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKernel", "graph", "is_current_stream_capturing",
     "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
-    "can_device_access_peer", "current_device", "current_stream", "default_stream", "device",
+    "can_device_access_peer", "clear_kernel_cache", "current_device", "current_stream", "default_stream", "device",
     "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
-    "get_device_properties", "graph_pool_handle", "is_available", "live_driver_objects", "max_memory_allocated",
+    "get_device_properties", "graph_pool_handle", "is_available", "is_device_supported", "kernel_cache_dir", "kernel_cache_info",
+    "live_driver_objects", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
     "unavailable_reason",
