@@ -218,12 +218,18 @@ def _format(fn, drop_first, names):
     return f"({ast.unparse(args)})", ret
 
 
-def _signatures(what, fullname, names):
-    """[(args, retann)] from the stubs, or None when the stub has no declaration."""
+def _lookup(fullname):
+    """(path inside its module, _resolve's hit) for a documented name; hit
+    None when the stubs do not declare it."""
     modname, path = _split(fullname)
     if modname is None or not path:
-        return None
-    hit = _resolve(modname, path)
+        return path, None
+    return path, _resolve(modname, path)
+
+
+def _signatures(what, fullname, names):
+    """[(args, retann)] from the stubs, or None when the stub has no declaration."""
+    path, hit = _lookup(fullname)
     if hit is None:
         return None
     _mod, found, owner = hit
@@ -265,10 +271,7 @@ def _pick_overloads(defs):
 
 
 def _attribute_type(fullname, names):
-    modname, path = _split(fullname)
-    if modname is None or not path:
-        return None
-    hit = _resolve(modname, path)
+    _, hit = _lookup(fullname)
     if hit is None:
         return None
     node = hit[1][0]

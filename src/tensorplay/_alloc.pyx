@@ -498,20 +498,19 @@ cdef class DeviceAllocator:
             p.graph_refs -= 1
         if p.graph_refs == 0:
             for h in replay_streams:
+                if g_open_captures > 0 or self._stream_capturing(h):
+                    continue               # cuMemFree's implicit synchronization still holds
                 try:
                     ev = self._event_on(h)
-                except BaseException:      # cuMemFree's implicit synchronization still holds
-                    ev = 0
-                if ev:
-                    p.release_events.push_back(ev)
+                except BaseException:
+                    continue
+                p.release_events.push_back(ev)
         self.maybe_release(p)
 
     cdef uintptr_t _event_on(self, uintptr_t stream) except? 0:
-        """A cached or new event recorded on ``stream``; 0 when none can be
-        recorded now (a capture open, or the stream capturing)."""
+        """A cached or new event recorded on ``stream``. Callers first make
+        sure no capture is open and ``stream`` is not capturing."""
         cdef uintptr_t ev
-        if g_open_captures > 0 or self.backend.capture_id(stream) != 0:
-            return 0
         if self.event_cache.empty():
             ev = self.backend.create_event()
         else:
