@@ -90,6 +90,7 @@ cdef class CaptureState:
     cdef list bodies                    # [BodyFrame], innermost last
     cdef dict aliases                   # body stream -> root capture stream
     cdef dict keepalive                 # id -> storage from outside the pool used by the capture
+    cdef dict scratch                   # key -> memory the capture's work uses until it ends (workspaces)
     cdef vector[Block*] deferred        # used on another stream during the capture, freed in it
     cdef readonly object thread
     cdef readonly bint ended

@@ -572,6 +572,7 @@ cdef class DeviceAllocator:
         st.bodies = []
         st.aliases = {}
         st.keepalive = {}
+        st.scratch = {}
         st.thread = threading.get_ident()
         st.ended = False
         pool.capture = st
@@ -621,6 +622,8 @@ cdef class DeviceAllocator:
         st.ended = True
         st.pool.capture = None
         g_open_captures -= 1
+        # freed after the end: back to the pool, for later captures sharing it
+        st.scratch = {}
         cdef vector[Block*] deferred
         deferred.swap(st.deferred)
         for b in deferred:
@@ -643,6 +646,23 @@ cdef class DeviceAllocator:
     @property
     def open_captures(self):
         return len({id(s) for s in self.captures.values()})
+
+    def capture_scratch(self, uintptr_t stream, key, size_t nbytes):
+        """Memory of ``nbytes`` that the capture ``stream`` captures into keeps
+        under ``key`` until it ends (a body's stream shares its root's), from
+        the capture's pool; None when ``stream`` captures into none of ours."""
+        cdef CaptureState st
+        if not self.captures:
+            return None
+        obj = self.captures.get(self.backend.capture_id(stream))
+        if obj is None:
+            return None
+        st = <CaptureState>obj
+        k = (key, st.key_stream(stream), nbytes)
+        mem = st.scratch.get(k)
+        if mem is None:
+            mem = st.scratch[k] = _allocate_from(self, nbytes, stream)
+        return mem
 
     cdef Pool route(self, uintptr_t stream, uintptr_t* key):
         """The pool an allocation on ``stream`` comes from (a capture's pool
