@@ -17,6 +17,8 @@ from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, f
 from ._ops import _methods as _methods_mod
 from . import return_types, types
 from ._ops._promotion import can_cast, promote_types, result_type
+from ._ops._blas import get_float32_matmul_precision, set_float32_matmul_precision
+from . import backends
 # importing _indexing registers its device-side index-error check with every host read
 from ._ops._indexing import check_device_errors as _check_device_errors  # noqa: F401
 from .cuda._custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in tensorplay.cuda)
@@ -36,8 +38,9 @@ int = int32  # noqa: A001
 short = int16
 
 __all__ = sorted(_methods_mod.FUNCTIONS) + ["can_cast", "config", "promote_types", "result_type",
-                                             "show_config"] + [
-    "ALL_DTYPES", "NVRTCError", "Tensor", "arange", "as_tensor", "bfloat16", "bool_", "cuda",
+                                             "show_config", "get_float32_matmul_precision",
+                                             "set_float32_matmul_precision"] + [
+    "ALL_DTYPES", "NVRTCError", "Tensor", "arange", "as_tensor", "backends", "bfloat16", "bool_", "cuda",
     "device", "double", "dtype", "empty", "empty_like", "float16", "float32", "float64",
     "from_dlpack", "from_numpy", "full", "full_like", "half", "int8", "int16", "int32",
     "int64", "is_tensor", "long", "ones", "ones_like", "short", "tensor", "uint8", "zeros",

@@ -395,6 +395,21 @@ def workspace(int device, uintptr_t stream, size_t nbytes):
     return mem
 
 
+def captures_open():
+    """Whether any capture into our pools is open (cheap: no driver call)."""
+    return open_capture_count() > 0
+
+
+def capture_workspace(int device, uintptr_t stream, size_t nbytes):
+    """Take the capture's workspace (see :func:`workspace`) while ``stream``
+    captures into one of our pools, else do nothing and return None. Called
+    before a product allocates its output, so that a capture sharing a pool
+    gets back the workspace block an earlier capture returned, whole."""
+    if not open_capture_count():
+        return None
+    return _allocator_of(device).capture_scratch(stream, "cublaslt-workspace", nbytes)
+
+
 def clear_workspaces():
     """Return the streams' workspaces to the caching allocator (work already
     queued keeps its memory: the blocks are reused in stream order)."""

@@ -34,7 +34,7 @@ MISSING = ("matmul on CUDA tensors needs cuBLASLt from the nvidia-cublas wheel, 
 
 
 class CublasUnavailableError(RuntimeError):
-    """cuBLASLt (the nvidia-cublas wheel) could not be loaded."""
+    """The cuBLASLt library (the nvidia-cublas wheel) could not be loaded."""
 
 
 CublasUnavailableError.__module__ = "tensorplay.cuda"
@@ -154,19 +154,27 @@ def as_column_major(rows, cols, row_stride, col_stride):
     return None
 
 
-def gemm_layout(M, N, K, a_strides, b_strides, d_strides):
+def gemm_layout(M, N, K, a_strides, b_strides, d_strides, row_major_d=False):
     """cuBLASLt's view of ``D (M x N) = A (M x K) @ B (K x N)`` given each
     matrix's (row, column) strides in elements.
 
     Returns a dict with ``swap`` (operands given to cuBLASLt as (B, A): D is
-    row-major and cuBLASLt computes D^T = B^T A^T), ``m, n, k``, ``trans_a,
-    trans_b, lda, ldb, ldd``; or None when D's layout has no unit stride.
-    An operand whose layout cuBLASLt can't take is named in ``copy`` ('a',
-    'b') and must be made contiguous (its entries then assume that)."""
-    d_col = as_column_major(M, N, d_strides[0], d_strides[1])
-    if d_col is None:
+    row-major and cuBLASLt computes D^T = B^T A^T, as PyTorch calls it),
+    ``m, n, k``, ``trans_a, trans_b, lda, ldb, ldd``; or None when D's layout
+    has no unit stride (or is not row-major while ``row_major_d`` asks for it:
+    a bias epilogue runs along cuBLASLt's m). An operand whose layout cuBLASLt
+    can't take is named in ``copy`` ('a', 'b') and must be made contiguous
+    (its entries then assume that)."""
+    d_row = as_column_major(N, M, d_strides[1], d_strides[0])     # D^T column-major
+    if d_row is not None and not d_row[0]:
+        d_transposed, ldd = True, d_row[1]
+    elif row_major_d:
         return None
-    d_transposed, ldd = d_col
+    else:
+        d_col = as_column_major(M, N, d_strides[0], d_strides[1])
+        if d_col is None:
+            return None
+        d_transposed, ldd = d_col
     copy = []
     if d_transposed:
         # D is row-major: D^T (N x M, column-major) = B^T (N x K) @ A^T (K x M)

@@ -25,7 +25,7 @@ NO_INPLACE = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite")
 ALIASES = {"true_divide": "div", "multiply": "mul", "subtract": "sub", "negative": "neg"}
 # the functions that are also Tensor methods (besides the elementwise ops)
 METHOD_FUNCTIONS = ("sum", "prod", "amax", "amin", "all", "any", "max", "min", "argmax", "argmin",
-                    "mean", "var", "std", "norm", "dot", "matmul", "mv", "clamp")
+                    "mean", "var", "std", "norm", "dot", "matmul", "mv", "addmm", "clamp")
 
 # What each op computes: the first line of its docstring, about ``input``.
 SUMMARIES = {
@@ -175,6 +175,7 @@ FUNCTIONS.update({
     "max": _reduce.max_, "min": _reduce.min_, "argmax": _reduce.argmax, "argmin": _reduce.argmin,
     "mean": _reduce.mean, "var": _reduce.var, "std": _reduce.std, "norm": _reduce.norm,
     "dot": _reduce.dot, "matmul": _linalg.matmul, "mv": _linalg.mv,
+    "addmm": _linalg.addmm, "linear": _linalg.linear,
     "linspace": _creation.linspace, "eye": _creation.eye, "cat": _creation.cat, "stack": _creation.stack,
 })
 for _alias, _op in ALIASES.items():

@@ -9,6 +9,8 @@ if TYPE_CHECKING:
     from ..types import DeviceLike
 
 from .. import _nvrtc
+from .._cublaslt import CublasError
+from .._ops._blas import CublasUnavailableError
 from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
                       memory_allocated, memory_reserved, memory_snapshot, memory_stats,
                       reset_peak_memory_stats)
@@ -103,7 +105,7 @@ def synchronize(device: DeviceLike = None) -> None:
 
 
 __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKernel", "graph", "is_current_stream_capturing",
-    "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
+    "CublasError", "CublasUnavailableError", "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "can_device_access_peer", "clear_kernel_cache", "current_device", "current_stream", "default_stream", "device",
     "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
