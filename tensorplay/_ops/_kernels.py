@@ -73,6 +73,33 @@ def grid_for(n: int, device: int) -> int:
     return max(1, min(blocks, sm_count(device) * 16))
 
 
+# Flat kernels loop over tiles; past this many blocks per SM more blocks only
+# add scheduling, and below it the last wave's imbalance stays a few percent.
+FLAT_BLOCKS_PER_SM = 64
+
+
+def flat_grid(n: int, tile: int, sms: int) -> int:
+    """Blocks for a flat kernel over ``n`` elements in tiles of ``tile``."""
+    return max(1, min(-(-n // tile), sms * FLAT_BLOCKS_PER_SM))
+
+
+def vector_width(ptrs, itemsizes, numel: int) -> int:
+    """Elements per vector access for a flat kernel over operands at ``ptrs``
+    with ``itemsizes``: the compiled width (16 bytes of the widest operand)
+    when every pointer is aligned to its own vector size, else 1 (scalar
+    loads). Tails shorter than a tile are handled in the kernel, so any
+    ``numel`` of at least one vector can take the vector path. Flat
+    elementwise kernels make the same test on the device (the masks of
+    ``_codegen.alignment_masks``); reductions pass this width as an argument."""
+    width = _codegen.flat_vector_width(itemsizes)
+    if width == 1 or numel < width:
+        return 1
+    for p, mask in zip(ptrs, _codegen.alignment_masks(itemsizes)):
+        if p & mask:
+            return 1
+    return width
+
+
 def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
                        scalars=(), scalar_kinds=(), preamble: str = "", stream=None):
     """Launch ``out[i] = expr`` over ``out``'s shape.
@@ -100,7 +127,9 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
 
     f = cached_function(key, dev, make)
     ptrs = [out.data_ptr()] + [t.data_ptr() for t in inputs]
-    plan = LaunchPlan(f, dev, n, len(ptrs), kinds, shape if ndim else (), strides if ndim else ())
+    itemsizes = (out_dt.itemsize,) + tuple(d.itemsize for d in in_dts) if not ndim else ()
+    plan = LaunchPlan(f, dev, n, len(ptrs), kinds, shape if ndim else (), strides if ndim else (),
+                      itemsizes)
     plan.launch(ptrs, scalars, stream)
     return plan
 
@@ -111,11 +140,17 @@ class LaunchPlan:
     packed geometry. Launching needs only the pointers and scalars.
 
     Arguments are (pointers, n, 8-byte scalars, geometry): one thread per
-    element, grid-stride, on ``stream`` (default: the current stream)."""
+    element, grid-stride, on ``stream`` (default: the current stream).
+
+    ``itemsizes`` (one per pointer) marks a flat kernel (every operand
+    contiguous, see ``_codegen.flat_kernel_text``): its grid covers tiles of
+    several elements per thread. The kernel itself tests the pointers'
+    alignment for its vector path, so a plan reused with other pointers
+    costs nothing more on the host."""
 
     __slots__ = ("f", "dev", "n", "fmt", "geom", "grid")
 
-    def __init__(self, f, dev, n, nptrs, kinds, shape, strides):
+    def __init__(self, f, dev, n, nptrs, kinds, shape, strides, itemsizes=()):
         self.f = f
         self.dev = dev
         self.n = n
@@ -124,7 +159,10 @@ class LaunchPlan:
         for st in strides:
             flat.extend(st)
         self.geom = struct.pack(f"<{len(flat)}q", *flat)
-        self.grid = grid_for(n, dev)
+        if itemsizes:
+            self.grid = flat_grid(n, _codegen.flat_tile(itemsizes), sm_count(dev))
+        else:
+            self.grid = grid_for(n, dev)
 
     def launch(self, ptrs, scalars, stream=None):
         try:
