@@ -261,3 +261,44 @@ def test_reduction_kernels_make_vector_loads(op):
                     _reduce._column_source("c", kind, with_index, d, False, acc, out, True, False)):
             loads = [l for l in ptx_of(src).splitlines() if "ld.global" in l]
             assert any(".v4." in l or ".v2." in l for l in loads), (op, d.name)
+
+
+# ------------------------------------------------------------------ copies
+
+def test_copy_strategy_tiles_transposes_only():
+    c = _kernels.copy_strategy
+    assert c((8192, 8192), (1, 8192), (8192, 1)) == ("tile", (8192, 8192), [[8192, 1], [1, 8192]], 1, 0)
+    # a batch of transposes: dims (b, m, n) from a (b, n, m) source
+    kind, shape, strides, p, q = c((4, 64, 48), (64 * 48, 1, 64), (64 * 48, 48, 1))
+    assert kind == "tile" and shape == (4, 64, 48) and (p, q) == (2, 1)
+    assert c((8192, 4096), (8192, 2), (4096, 1)) == ("elementwise",)      # x[:, ::2]: no unit stride
+    assert c((64, 64), (64, 1), (64, 1)) == ("elementwise",)               # contiguous
+    assert c((64, 64), (128, 1), (64, 1)) == ("elementwise",)              # same inner dimension
+    assert c((8192, 8), (1, 8192), (8, 1)) == ("elementwise",)             # too narrow to tile
+    assert c((64, 64), (0, 1), (1, 64)) == ("tile", (64, 64), [[1, 64], [0, 1]], 0, 1)   # broadcast row
+    assert c((1, 64), (1, 1), (64, 1)) == ("elementwise",)
+
+
+@pytest.mark.parametrize("out, src", [(tp.float32, tp.float32), (tp.bfloat16, tp.float32),
+                                      (tp.float64, tp.int8), (tp.bool, tp.float16), (tp.int64, tp.int64)])
+@pytest.mark.parametrize("ndim, p, q", [(2, 1, 0), (2, 0, 1), (3, 2, 1), (3, 1, 2), (4, 3, 0)])
+def test_tiled_copy_kernels_compile(out, src, ndim, p, q):
+    assert cubin_ok(_codegen.tiled_copy_source("t", out, src, ndim, p, q))
+
+
+def test_transposing_copies_launch_the_tiled_kernel(monkeypatch):
+    import struct
+    rec = _Launches()
+    monkeypatch.setattr(_kernels, "cached_function", rec.function)
+    monkeypatch.setitem(_kernels._sm_cache, 0, 132)
+    monkeypatch.setattr(_kernels, "current_stream_handle_of", lambda dev: 0)
+    src = _fake((8192, 8192), tp.float32, 0x100000, (1, 8192))                 # x.t()
+    dst = _fake((8192, 8192), tp.float32, 0x100000 + 8192 * 8192 * 4)
+    tp._tensor_api.copy_into(dst, src)
+    (key, grid, block, params), = rec.log
+    assert key[0] == "tiled_copy" and block == (32, 8) and grid == 132 * _kernels.FLAT_BLOCKS_PER_SM
+    assert struct.unpack_from("<QQq", params) == (dst.data_ptr(), 0x100000, 256 * 256)
+    rec.log.clear()
+    far = 0x100000 + 8192 * 8192 * 8
+    tp._tensor_api.copy_into(dst[:, :4096], _fake((8192, 8192), tp.float32, far)[:, ::2])
+    assert rec.log[0][0][0] == "copy"                                         # strided, not transposed

@@ -176,3 +176,47 @@ def test_reductions_are_deterministic_run_to_run():
         first = tp.sum(x, dim).numpy()
         for _ in range(3):
             np.testing.assert_array_equal(tp.sum(x, dim).numpy(), first)
+
+
+# ------------------------------------------------------------------ copies
+
+@pytest.mark.parametrize("shape", [(8192, 8192), (1000, 1001), (33, 4097), (16, 16), (17, 100_003)])
+def test_transpose_copies_match_numpy(shape):
+    a = rng(12).standard_normal(shape, dtype=np.float32)
+    x = cuda(a)
+    np.testing.assert_array_equal(x.T.contiguous().numpy(), a.T)
+    out = tp.empty(shape[::-1], dtype=tp.float32, device="cuda")
+    out.copy_(x.T)
+    np.testing.assert_array_equal(out.numpy(), a.T)
+    h = tp.empty(shape[::-1], dtype=tp.bfloat16, device="cuda")
+    h.copy_(x.T)                                                       # cast while transposing
+    np.testing.assert_array_equal(h.numpy(), a.T.astype(tp.bfloat16.numpy_dtype))
+
+
+def test_batched_permutes_views_and_broadcasts_through_tiles():
+    a = rng(13).standard_normal((6, 130, 70), dtype=np.float32)
+    x = cuda(a)
+    np.testing.assert_array_equal(x.permute(0, 2, 1).contiguous().numpy(), a.transpose(0, 2, 1))
+    np.testing.assert_array_equal(x.permute(2, 1, 0).contiguous().numpy(), a.transpose(2, 1, 0))
+    np.testing.assert_array_equal(x[1:, 3:, 5:].transpose(1, 2).contiguous().numpy(),
+                                  a[1:, 3:, 5:].transpose(0, 2, 1))
+    big = tp.zeros(80, 140, dtype=tp.float32, device="cuda")
+    big[5:75, 3:133].copy_(x[2].T)                                     # into a strided destination
+    ref = np.zeros((80, 140), dtype=np.float32)
+    ref[5:75, 3:133] = a[2].T
+    np.testing.assert_array_equal(big.numpy(), ref)
+    col = cuda(a[0, :, :1].copy())                                       # (130, 1) broadcast to (130, 70)
+    dst = tp.empty(70, 130, dtype=tp.float32, device="cuda").T
+    dst.copy_(col)
+    np.testing.assert_array_equal(dst.numpy(), np.broadcast_to(a[0, :, :1], (130, 70)))
+    for d in ("float64", "int8", "bool", "float16"):
+        dd = tp._dtypes.as_dtype(d)
+        v = (a[0] > 0).astype(dd.numpy_dtype) if d in ("bool", "int8") else a[0].astype(dd.numpy_dtype)
+        np.testing.assert_array_equal(cuda(v).T.contiguous().numpy(), v.T)
+
+
+def test_strided_slice_contiguous_matches_numpy():
+    a = rng(14).standard_normal((4096, 4096), dtype=np.float32)
+    x = cuda(a)
+    np.testing.assert_array_equal(x[:, ::2].contiguous().numpy(), a[:, ::2])
+    np.testing.assert_array_equal(x[1::3, 5:].contiguous().numpy(), a[1::3, 5:])

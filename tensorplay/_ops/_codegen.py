@@ -282,3 +282,53 @@ def collapse_dims(shape, strides_list):
             for k, st in enumerate(strides2):
                 out_strides[k].append(st[i])
     return tuple(out_shape), out_strides
+
+
+TILE = 32
+TILE_ROWS = 8       # a 32 x 8 block moves a 32 x 32 tile, four elements per thread
+
+
+def tiled_copy_source(name, out, src, ndim, p, q):
+    """CUDA C copying (and casting) through 32 x 33 shared-memory tiles over
+    collapsed dimensions ``ndim``: ``q`` is the source's unit-stride dimension,
+    ``p`` the destination's. Each tile is read with threads along q and written
+    with threads along p, so both sides are coalesced; the padding column
+    keeps the transposed shared-memory reads free of bank conflicts. The other
+    dimensions index the tiles (one div/mod walk per tile, not per element)."""
+    batch_dims = [d for d in range(ndim - 1, -1, -1) if d not in (p, q)]
+    walk = "".join(f"      {{ long long c = r % g.size[{d}]; r /= g.size[{d}]; "
+                   f"od += c * g.stride[0][{d}]; os += c * g.stride[1][{d}]; }}\n" for d in batch_dims)
+    value = load_expr(src, "tile[threadIdx.x]", "k")
+    return (PREAMBLE +
+            f"struct tp_geom_{ndim}_2 {{ long long size[{ndim}]; long long stride[2][{ndim}]; }};\n"
+            f'extern "C" __global__ void __launch_bounds__({TILE * TILE_ROWS}) {name}('
+            f"{out.ctype}* __restrict__ out, const {src.ctype}* __restrict__ in, long long ntiles, "
+            f"tp_geom_{ndim}_2 g) {{\n"
+            f"  __shared__ {src.ctype} tile[{TILE}][{TILE + 1}];\n"
+            f"  const long long np_ = g.size[{p}], nq = g.size[{q}];\n"
+            f"  const long long tq_count = (nq + {TILE - 1}) / {TILE}, tp_count = (np_ + {TILE - 1}) / {TILE};\n"
+            "  const long long per_batch = tq_count * tp_count;\n"
+            "  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {\n"
+            "    const long long rem = t % per_batch;\n"
+            f"    const long long q0 = (rem % tq_count) * {TILE}, p0 = (rem / tq_count) * {TILE};\n"
+            "    long long od = 0, os = 0;\n"
+            "    {\n"
+            "      long long r = t / per_batch;\n"
+            + walk +
+            "    }\n"
+            "#pragma unroll\n"
+            f"    for (int k = threadIdx.y; k < {TILE}; k += {TILE_ROWS}) {{\n"
+            "      const long long iq = q0 + threadIdx.x, ip = p0 + k;\n"
+            f"      if (iq < nq && ip < np_) tile[k][threadIdx.x] = in[os + iq * g.stride[1][{q}] + ip * g.stride[1][{p}]];\n"
+            "    }\n"
+            "    __syncthreads();\n"
+            "#pragma unroll\n"
+            f"    for (int k = threadIdx.y; k < {TILE}; k += {TILE_ROWS}) {{\n"
+            "      const long long ip = p0 + threadIdx.x, iq = q0 + k;\n"
+            "      if (iq < nq && ip < np_) {\n"
+            f"        " + store_stmt(out, "out", f"od + ip * g.stride[0][{p}] + iq * g.stride[0][{q}]", value) + "\n"
+            "      }\n"
+            "    }\n"
+            "    __syncthreads();\n"
+            "  }\n"
+            "}\n")

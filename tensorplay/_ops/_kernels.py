@@ -181,3 +181,54 @@ def geometry(shape, strides_list):
     if ndim == 1 and all(st[0] == 1 for st in strides):
         ndim = 0
     return shape, strides, ndim
+
+
+# A tiled copy pays off once both unit-stride dimensions span half a tile.
+TILED_COPY_MIN = 16
+
+
+def copy_strategy(shape, src_strides, dst_strides):
+    """How ``dst[...] = src[...]`` runs over ``shape`` with these strides
+    (elements, src broadcast): ("tile", cshape, [dst, src strides], p, q) when
+    after collapsing the destination's unit-stride dimension p and the
+    source's q differ (a transpose: 32 x 32 shared-memory tiles make both
+    sides coalesced), else ("elementwise",)."""
+    cshape, cstrides = _codegen.collapse_dims(tuple(shape), [list(dst_strides), list(src_strides)])
+    if len(cshape) < 2:
+        return ("elementwise",)
+    dst_st, src_st = cstrides
+    p = next((d for d in range(len(cshape) - 1, -1, -1) if dst_st[d] == 1), None)
+    q = next((d for d in range(len(cshape) - 1, -1, -1) if src_st[d] == 1), None)
+    if p is None or q is None or p == q:
+        return ("elementwise",)
+    if cshape[p] < TILED_COPY_MIN or cshape[q] < TILED_COPY_MIN:
+        return ("elementwise",)
+    return ("tile", cshape, cstrides, p, q)
+
+
+def launch_tiled_copy(dst, src, src_strides):
+    """Copy CUDA ``src`` (strides broadcast to ``dst``) into ``dst`` through
+    shared-memory tiles when ``copy_strategy`` says so; False otherwise."""
+    plan = copy_strategy(dst.shape, src_strides, dst.strides)
+    if plan[0] != "tile":
+        return False
+    _, cshape, cstrides, p, q = plan
+    ndim = len(cshape)
+    dev = dst._device_index_
+    out_dt, in_dt = dst.dtype, src.dtype
+    key = ("tiled_copy", out_dt.code, in_dt.code, ndim, p, q)
+
+    def make():
+        name = f"tp_tiled_copy_{out_dt.name}_{in_dt.name}_{ndim}d_{p}{q}"
+        return _codegen.tiled_copy_source(name, out_dt, in_dt, ndim, p, q), name
+    f = cached_function(key, dev, make)
+    tile = _codegen.TILE
+    ntiles = -(-cshape[p] // tile) * -(-cshape[q] // tile)
+    for d, size in enumerate(cshape):
+        if d not in (p, q):
+            ntiles *= size
+    grid = max(1, min(ntiles, sm_count(dev) * FLAT_BLOCKS_PER_SM))
+    flat = list(cshape) + list(cstrides[0]) + list(cstrides[1])
+    params = struct.pack(f"<QQq{len(flat)}q", dst.data_ptr(), src.data_ptr(), ntiles, *flat)
+    f.launch(grid, (tile, _codegen.TILE_ROWS), params, 0, current_stream_handle_of(dev))
+    return True
