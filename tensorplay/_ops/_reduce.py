@@ -11,6 +11,7 @@ float64, integers in int64."""
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import struct
@@ -95,6 +96,7 @@ def _collapsed_pattern(shape, dims):
     return runs
 
 
+@functools.lru_cache(maxsize=4096)     # pure; keeps eager host time flat
 def reduction_strategy(shape, dims):
     """How a contiguous tensor of ``shape`` is reduced over ``dims`` (sorted):
 
@@ -128,6 +130,7 @@ def reduction_strategy(shape, dims):
     return ("permute", numel // inner if inner else 0, inner)
 
 
+@functools.lru_cache(maxsize=4096)     # pure; keeps eager host time flat
 def row_plan(outer, inner, sms):
     """(warps per row, chunks per row, chunk length) for a row reduction.
 
@@ -153,6 +156,7 @@ def column_width(itemsize):
     return min(COL_MAX_WIDTH, 16 // itemsize)
 
 
+@functools.lru_cache(maxsize=4096)     # pure; keeps eager host time flat
 def column_plan(a, r, b, itemsize, sms):
     """(row splits, rows per split) for a column reduction over [a, r, b]: split
     the rows over blocks until the grid fills the GPU (a second pass reduces the
@@ -420,9 +424,10 @@ def _launch_rows(op, src, outer, inner, out, scale=None, in_is_acc=False, in_idx
     warps, chunks, chunk_len = row_plan(outer, inner, _kernels.sm_count(dev))
     scaled = scale is not None
     in_t = acc if in_is_acc else in_dt
-    width = max(1, 16 // in_t.itemsize)
-    vw = width if (inner % width == 0 and _kernels.vector_width([src.data_ptr()], [in_t.itemsize], inner) > 1
-                   and (chunk_len % width == 0 or chunks == 1)) else 1
+    # vectors of 16 bytes: the row start must be 16-byte aligned and every row
+    # (chunk lengths are multiples of 16 elements) a whole number of vectors
+    width = 16 // in_t.itemsize
+    vw = width if (inner % width == 0 and not src.data_ptr() & 15) else 1
     blocks = outer * chunks if warps > 1 else -(-(outer * chunks) // 8)
     in_idx_ptr = in_idx.data_ptr() if in_idx is not None else 0
     if chunks == 1:
