@@ -569,7 +569,12 @@ def copy_into(dst, src):
     if src.shape == shape and src.dtype is dst.dtype and src.is_contiguous() and dst.is_contiguous():
         memcpy_dtod_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, dev, current_stream_handle_of(dev))
         return dst
-    _kernels.launch_elementwise("copy", "a0", dst, (src,), (broadcast_strides(src, shape),))
+    src_strides = broadcast_strides(src, shape)
+    # only copies whose innermost strides differ can be transposes: the common
+    # strided copies skip the tiling decision
+    if (len(shape) < 2 or src_strides[-1] == dst.strides[-1]
+            or not _kernels.launch_tiled_copy(dst, src, src_strides)):
+        _kernels.launch_elementwise("copy", "a0", dst, (src,), (src_strides,))
     return dst
 
 

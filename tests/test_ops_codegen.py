@@ -88,8 +88,11 @@ def test_reduction_kernels_compile(op):
                                          (True, True, True)]:
             if scaled and op != "sum":
                 continue
-            src = _reduce._reduce_source("r", kind, with_index, d, in_is_acc, acc, out, final, scaled)
-            assert _nvrtc.compile_cubin(src, "r.cu", (), ARCH)[:4] == b"\x7fELF"
+            for warps in (1, 8):
+                src = _reduce._row_source("r", kind, with_index, d, in_is_acc, acc, out, final, scaled, warps)
+                assert _nvrtc.compile_cubin(src, "r.cu", (), ARCH)[:4] == b"\x7fELF"
+            src = _reduce._column_source("c", kind, with_index, d, in_is_acc, acc, out, final, scaled)
+            assert _nvrtc.compile_cubin(src, "c.cu", (), ARCH)[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("kind", ["gather", "scatter"])

@@ -74,14 +74,47 @@ def scalar_ctype(kind: str) -> str:
     return "double" if kind == "f" else "long long"
 
 
+# Vectorized flat kernels move 16 bytes per operand per load (one 128-bit
+# ld/st for the widest operand) and each thread handles FLAT_VECTORS such
+# vectors per tile, so enough bytes are in flight per SM to cover DRAM latency.
+VECTOR_BYTES = 16
+FLAT_VECTORS = 2
+FLAT_BLOCK = 256
+
+VECTOR_PREAMBLE = r"""
+template <class T, int N> struct alignas(sizeof(T) * N) tp_vec { T v[N]; };
+"""
+
+
+def flat_vector_width(itemsizes) -> int:
+    """Elements per vector of a flat elementwise kernel over operands of these
+    item sizes: 16 bytes of the widest operand (1 means no vector path)."""
+    return max(1, VECTOR_BYTES // max(itemsizes))
+
+
+def alignment_masks(itemsizes) -> tuple:
+    """Per operand, the low pointer bits that must be clear for its vectors
+    of ``flat_vector_width(itemsizes)`` elements to be naturally aligned."""
+    width = flat_vector_width(itemsizes)
+    return tuple(width * s - 1 for s in itemsizes)
+
+
+def flat_tile(itemsizes) -> int:
+    """Elements one block handles per grid-stride step of a flat kernel."""
+    return FLAT_BLOCK * FLAT_VECTORS * flat_vector_width(itemsizes)
+
+
 def elementwise_source(name: str, out: dt.dtype, inputs: tuple, expr: str,
                        ndim: int, scalars: tuple = (), preamble: str = "") -> str:
     """CUDA C for ``out[i] = expr(a0, a1, ..., s0, s1, ...)`` over ``ndim``
     collapsed dimensions (0: every operand contiguous, flat indexing).
 
-    Parameters are: out pointer, input pointers, element count, scalars, then
-    for ndim > 0 the sizes and each operand's strides (elements), 8 bytes each.
+    Parameters are: out pointer, input pointers, element count, (ndim 0 only)
+    the vector width chosen for this launch, scalars, then for ndim > 0 the
+    sizes and each operand's strides (elements), 8 bytes each.
     """
+    if not ndim:
+        return PREAMBLE + VECTOR_PREAMBLE + preamble + flat_kernel_text(name, out, inputs, expr, scalars)
     nops = 1 + len(inputs)
     params = [f"{out.ctype}* __restrict__ out"]
     params += [f"const {d.ctype}* __restrict__ in{k}" for k, d in enumerate(inputs)]
@@ -94,6 +127,80 @@ def elementwise_source(name: str, out: dt.dtype, inputs: tuple, expr: str,
         body.append(f"    {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', offs[k + 1])};")
     body.append("    " + store_stmt(out, "out", offs[0], expr))
     return PREAMBLE + preamble + kernel_text(name, params, body, ndim, nops)
+
+
+def flat_kernel_text(name, out, inputs, expr, scalars):
+    """A flat (every operand contiguous) kernel over tiles of ``flat_tile``
+    elements, grid-stride. When every pointer is aligned for its vectors
+    (tested here on the device: a plan cached by shape is reused with other
+    pointers, and the test is free on the host this way) full tiles go
+    through 128-bit vector loads and stores; otherwise, and for the last
+    partial tile, each thread handles the same elements one by one, still
+    loading all before storing."""
+    sizes = [out.itemsize] + [d.itemsize for d in inputs]
+    width = flat_vector_width(sizes)
+    per_thread = FLAT_VECTORS * width
+    params = [f"{out.ctype}* __restrict__ out"]
+    params += [f"const {d.ctype}* __restrict__ in{k}" for k, d in enumerate(inputs)]
+    params.append("long long n")
+    params += [f"{scalar_ctype(kind)} s{k}" for k, kind in enumerate(scalars)]
+    names = ["out"] + [f"in{k}" for k in range(len(inputs))]
+    misaligned = " | ".join(f"((unsigned long long){p} & {m}ULL)" for p, m in zip(names, alignment_masks(sizes)))
+    lines = [f'extern "C" __global__ void __launch_bounds__({FLAT_BLOCK}) {name}({", ".join(params)}) {{',
+             f"  const bool vectors = ({misaligned}) == 0;",
+             f"  const long long tile = {FLAT_BLOCK * per_thread}LL;",
+             "  const long long ntiles = (n + tile - 1) / tile;",
+             "  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {",
+             "    const long long base = t * tile;"]
+    if width > 1:
+        lines.append("    if (vectors && base + tile <= n) {")
+        for k, d in enumerate(inputs):
+            lines.append(f"      tp_vec<{d.ctype}, {width}> r{k}[{FLAT_VECTORS}];")
+        lines.append(f"      tp_vec<{out.ctype}, {width}> w[{FLAT_VECTORS}];")
+        lines.append(f"      const long long vbase = base / {width} + threadIdx.x;")
+        lines.append("#pragma unroll")
+        lines.append(f"      for (int u = 0; u < {FLAT_VECTORS}; ++u) {{")
+        for k, d in enumerate(inputs):
+            lines.append(f"        r{k}[u] = reinterpret_cast<const tp_vec<{d.ctype}, {width}>*>(in{k})"
+                         f"[vbase + u * {FLAT_BLOCK}];")
+        lines.append("      }")
+        lines.append("#pragma unroll")
+        lines.append(f"      for (int u = 0; u < {FLAT_VECTORS}; ++u) {{")
+        lines.append("#pragma unroll")
+        lines.append(f"        for (int j = 0; j < {width}; ++j) {{")
+        lines.append(f"          long long i = (vbase + u * {FLAT_BLOCK}) * {width} + j; (void)i;")
+        for k, d in enumerate(inputs):
+            lines.append(f"          {compute_ctype(d)} a{k} = {load_expr(d, f'r{k}[u].v', 'j')};")
+        lines.append("          " + store_stmt(out, "w[u].v", "j", expr))
+        lines.append("        }")
+        lines.append(f"        reinterpret_cast<tp_vec<{out.ctype}, {width}>*>(out)[vbase + u * {FLAT_BLOCK}]"
+                     " = w[u];")
+        lines.append("      }")
+        lines.append("      continue;")
+        lines.append("    }")
+    lines.append("    (void)vectors;")
+    for k, d in enumerate(inputs):
+        lines.append(f"    {compute_ctype(d)} r{k}[{per_thread}];")
+    lines.append("#pragma unroll")
+    lines.append(f"    for (int u = 0; u < {per_thread}; ++u) {{")
+    lines.append(f"      long long i = base + u * {FLAT_BLOCK} + threadIdx.x;")
+    lines.append("      if (i < n) {")
+    for k, d in enumerate(inputs):
+        lines.append(f"        r{k}[u] = {load_expr(d, f'in{k}', 'i')};")
+    lines.append("      }")
+    lines.append("    }")
+    lines.append("#pragma unroll")
+    lines.append(f"    for (int u = 0; u < {per_thread}; ++u) {{")
+    lines.append(f"      long long i = base + u * {FLAT_BLOCK} + threadIdx.x;")
+    lines.append("      if (i < n) {")
+    for k, d in enumerate(inputs):
+        lines.append(f"        {compute_ctype(d)} a{k} = r{k}[u];")
+    lines.append("        " + store_stmt(out, "out", "i", expr))
+    lines.append("      }")
+    lines.append("    }")
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def offset_code(ndim, nops):
@@ -175,3 +282,53 @@ def collapse_dims(shape, strides_list):
             for k, st in enumerate(strides2):
                 out_strides[k].append(st[i])
     return tuple(out_shape), out_strides
+
+
+TILE = 32
+TILE_ROWS = 8       # a 32 x 8 block moves a 32 x 32 tile, four elements per thread
+
+
+def tiled_copy_source(name, out, src, ndim, p, q):
+    """CUDA C copying (and casting) through 32 x 33 shared-memory tiles over
+    collapsed dimensions ``ndim``: ``q`` is the source's unit-stride dimension,
+    ``p`` the destination's. Each tile is read with threads along q and written
+    with threads along p, so both sides are coalesced; the padding column
+    keeps the transposed shared-memory reads free of bank conflicts. The other
+    dimensions index the tiles (one div/mod walk per tile, not per element)."""
+    batch_dims = [d for d in range(ndim - 1, -1, -1) if d not in (p, q)]
+    walk = "".join(f"      {{ long long c = r % g.size[{d}]; r /= g.size[{d}]; "
+                   f"od += c * g.stride[0][{d}]; os += c * g.stride[1][{d}]; }}\n" for d in batch_dims)
+    value = load_expr(src, "tile[threadIdx.x]", "k")
+    return (PREAMBLE +
+            f"struct tp_geom_{ndim}_2 {{ long long size[{ndim}]; long long stride[2][{ndim}]; }};\n"
+            f'extern "C" __global__ void __launch_bounds__({TILE * TILE_ROWS}) {name}('
+            f"{out.ctype}* __restrict__ out, const {src.ctype}* __restrict__ in, long long ntiles, "
+            f"tp_geom_{ndim}_2 g) {{\n"
+            f"  __shared__ {src.ctype} tile[{TILE}][{TILE + 1}];\n"
+            f"  const long long np_ = g.size[{p}], nq = g.size[{q}];\n"
+            f"  const long long tq_count = (nq + {TILE - 1}) / {TILE}, tp_count = (np_ + {TILE - 1}) / {TILE};\n"
+            "  const long long per_batch = tq_count * tp_count;\n"
+            "  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {\n"
+            "    const long long rem = t % per_batch;\n"
+            f"    const long long q0 = (rem % tq_count) * {TILE}, p0 = (rem / tq_count) * {TILE};\n"
+            "    long long od = 0, os = 0;\n"
+            "    {\n"
+            "      long long r = t / per_batch;\n"
+            + walk +
+            "    }\n"
+            "#pragma unroll\n"
+            f"    for (int k = threadIdx.y; k < {TILE}; k += {TILE_ROWS}) {{\n"
+            "      const long long iq = q0 + threadIdx.x, ip = p0 + k;\n"
+            f"      if (iq < nq && ip < np_) tile[k][threadIdx.x] = in[os + iq * g.stride[1][{q}] + ip * g.stride[1][{p}]];\n"
+            "    }\n"
+            "    __syncthreads();\n"
+            "#pragma unroll\n"
+            f"    for (int k = threadIdx.y; k < {TILE}; k += {TILE_ROWS}) {{\n"
+            "      const long long ip = p0 + threadIdx.x, iq = q0 + k;\n"
+            "      if (iq < nq && ip < np_) {\n"
+            f"        " + store_stmt(out, "out", f"od + ip * g.stride[0][{p}] + iq * g.stride[0][{q}]", value) + "\n"
+            "      }\n"
+            "    }\n"
+            "    __syncthreads();\n"
+            "  }\n"
+            "}\n")

@@ -73,6 +73,33 @@ def grid_for(n: int, device: int) -> int:
     return max(1, min(blocks, sm_count(device) * 16))
 
 
+# Flat kernels loop over tiles; past this many blocks per SM more blocks only
+# add scheduling, and below it the last wave's imbalance stays a few percent.
+FLAT_BLOCKS_PER_SM = 64
+
+
+def flat_grid(n: int, tile: int, sms: int) -> int:
+    """Blocks for a flat kernel over ``n`` elements in tiles of ``tile``."""
+    return max(1, min(-(-n // tile), sms * FLAT_BLOCKS_PER_SM))
+
+
+def vector_width(ptrs, itemsizes, numel: int) -> int:
+    """Elements per vector access for a flat kernel over operands at ``ptrs``
+    with ``itemsizes``: the compiled width (16 bytes of the widest operand)
+    when every pointer is aligned to its own vector size, else 1 (scalar
+    loads). Tails shorter than a tile are handled in the kernel, so any
+    ``numel`` of at least one vector can take the vector path. Flat
+    elementwise kernels make the same test on the device (the masks of
+    ``_codegen.alignment_masks``); reductions pass this width as an argument."""
+    width = _codegen.flat_vector_width(itemsizes)
+    if width == 1 or numel < width:
+        return 1
+    for p, mask in zip(ptrs, _codegen.alignment_masks(itemsizes)):
+        if p & mask:
+            return 1
+    return width
+
+
 def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
                        scalars=(), scalar_kinds=(), preamble: str = "", stream=None):
     """Launch ``out[i] = expr`` over ``out``'s shape.
@@ -100,7 +127,9 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
 
     f = cached_function(key, dev, make)
     ptrs = [out.data_ptr()] + [t.data_ptr() for t in inputs]
-    plan = LaunchPlan(f, dev, n, len(ptrs), kinds, shape if ndim else (), strides if ndim else ())
+    itemsizes = (out_dt.itemsize,) + tuple(d.itemsize for d in in_dts) if not ndim else ()
+    plan = LaunchPlan(f, dev, n, len(ptrs), kinds, shape if ndim else (), strides if ndim else (),
+                      itemsizes)
     plan.launch(ptrs, scalars, stream)
     return plan
 
@@ -111,11 +140,17 @@ class LaunchPlan:
     packed geometry. Launching needs only the pointers and scalars.
 
     Arguments are (pointers, n, 8-byte scalars, geometry): one thread per
-    element, grid-stride, on ``stream`` (default: the current stream)."""
+    element, grid-stride, on ``stream`` (default: the current stream).
+
+    ``itemsizes`` (one per pointer) marks a flat kernel (every operand
+    contiguous, see ``_codegen.flat_kernel_text``): its grid covers tiles of
+    several elements per thread. The kernel itself tests the pointers'
+    alignment for its vector path, so a plan reused with other pointers
+    costs nothing more on the host."""
 
     __slots__ = ("f", "dev", "n", "fmt", "geom", "grid")
 
-    def __init__(self, f, dev, n, nptrs, kinds, shape, strides):
+    def __init__(self, f, dev, n, nptrs, kinds, shape, strides, itemsizes=()):
         self.f = f
         self.dev = dev
         self.n = n
@@ -124,7 +159,10 @@ class LaunchPlan:
         for st in strides:
             flat.extend(st)
         self.geom = struct.pack(f"<{len(flat)}q", *flat)
-        self.grid = grid_for(n, dev)
+        if itemsizes:
+            self.grid = flat_grid(n, _codegen.flat_tile(itemsizes), sm_count(dev))
+        else:
+            self.grid = grid_for(n, dev)
 
     def launch(self, ptrs, scalars, stream=None):
         try:
@@ -143,3 +181,54 @@ def geometry(shape, strides_list):
     if ndim == 1 and all(st[0] == 1 for st in strides):
         ndim = 0
     return shape, strides, ndim
+
+
+# A tiled copy pays off once both unit-stride dimensions span half a tile.
+TILED_COPY_MIN = 16
+
+
+def copy_strategy(shape, src_strides, dst_strides):
+    """How ``dst[...] = src[...]`` runs over ``shape`` with these strides
+    (elements, src broadcast): ("tile", cshape, [dst, src strides], p, q) when
+    after collapsing the destination's unit-stride dimension p and the
+    source's q differ (a transpose: 32 x 32 shared-memory tiles make both
+    sides coalesced), else ("elementwise",)."""
+    cshape, cstrides = _codegen.collapse_dims(tuple(shape), [list(dst_strides), list(src_strides)])
+    if len(cshape) < 2:
+        return ("elementwise",)
+    dst_st, src_st = cstrides
+    p = next((d for d in range(len(cshape) - 1, -1, -1) if dst_st[d] == 1), None)
+    q = next((d for d in range(len(cshape) - 1, -1, -1) if src_st[d] == 1), None)
+    if p is None or q is None or p == q:
+        return ("elementwise",)
+    if cshape[p] < TILED_COPY_MIN or cshape[q] < TILED_COPY_MIN:
+        return ("elementwise",)
+    return ("tile", cshape, cstrides, p, q)
+
+
+def launch_tiled_copy(dst, src, src_strides):
+    """Copy CUDA ``src`` (strides broadcast to ``dst``) into ``dst`` through
+    shared-memory tiles when ``copy_strategy`` says so; False otherwise."""
+    plan = copy_strategy(dst.shape, src_strides, dst.strides)
+    if plan[0] != "tile":
+        return False
+    _, cshape, cstrides, p, q = plan
+    ndim = len(cshape)
+    dev = dst._device_index_
+    out_dt, in_dt = dst.dtype, src.dtype
+    key = ("tiled_copy", out_dt.code, in_dt.code, ndim, p, q)
+
+    def make():
+        name = f"tp_tiled_copy_{out_dt.name}_{in_dt.name}_{ndim}d_{p}{q}"
+        return _codegen.tiled_copy_source(name, out_dt, in_dt, ndim, p, q), name
+    f = cached_function(key, dev, make)
+    tile = _codegen.TILE
+    ntiles = -(-cshape[p] // tile) * -(-cshape[q] // tile)
+    for d, size in enumerate(cshape):
+        if d not in (p, q):
+            ntiles *= size
+    grid = max(1, min(ntiles, sm_count(dev) * FLAT_BLOCKS_PER_SM))
+    flat = list(cshape) + list(cstrides[0]) + list(cstrides[1])
+    params = struct.pack(f"<QQq{len(flat)}q", dst.data_ptr(), src.data_ptr(), ntiles, *flat)
+    f.launch(grid, (tile, _codegen.TILE_ROWS), params, 0, current_stream_handle_of(dev))
+    return True
