@@ -234,9 +234,9 @@ def test_many_graphs_share_one_workspace_in_a_pool(rng):
         graphs.append(g)
     grown = tp.cuda.memory_reserved() - reserved
     ws = _blas.workspace_limit(0)
-    outputs = sum(x.shape[0] * 2048 * 4 for x, _ in xs)
-    # one workspace for all the captures, not one each
-    assert grown <= ws + 2 * outputs + (8 << 20), (grown, ws, outputs)
+    # one workspace for all the captures, not one each (the outputs, 6.6 MiB,
+    # take one 20 MiB segment and a small one, as in PyTorch's allocator)
+    assert grown <= ws + (24 << 20), (grown, ws)
     for g in graphs:
         g.replay()
     for (x, xn), y in zip(xs, outs):
@@ -246,18 +246,16 @@ def test_many_graphs_share_one_workspace_in_a_pool(rng):
 def test_workspace_is_accounted_and_returned(rng):
     a, _ = _cuda(rng, (2048, 2048), tp.float32)
     s = tp.cuda.Stream()
+    _cublaslt.clear_workspaces()           # workspaces of earlier tests' streams
     tp.cuda.synchronize()
     before = tp.cuda.memory_allocated()
     with tp.cuda.stream(s):
         c = a @ a
     s.synchronize()
     grown = tp.cuda.memory_allocated() - before
-    plan_needs_workspace = any(p.workspace_size for p in _blas._tls_dict("plans").values())
-    assert grown >= c.nbytes
-    if plan_needs_workspace:
-        assert grown >= c.nbytes + _blas.workspace_limit(0) // 2 or _cublaslt.workspace_count() > 0
-    n = _cublaslt.workspace_count()
-    assert n >= 1
+    # the stream's workspace (when the algorithm takes one) is the allocator's memory
+    assert _cublaslt.workspace_count() in (0, 1)
+    assert grown == c.nbytes + _cublaslt.workspace_count() * _blas.workspace_limit(0), grown
     del c
     _cublaslt.clear_workspaces()
     tp.cuda.synchronize()

@@ -403,8 +403,8 @@ def _bias_vector(bias, N):
 
 def _addmm_cuda(bias, a, b, M, N, K, beta, alpha, activation, out, shape):
     """beta * bias + alpha * (a @ b), then activation; a (M, K), b (K, N).
-    Returns (result, plan-or-None); the plan is cacheable only for the
-    bias-epilogue case (beta == 1, vector bias)."""
+    Returns (result, plan-or-None): the plan when one cuBLASLt call did it
+    all with no C operand (a bias epilogue, or beta 0), for callers to cache."""
     lt = _cublaslt()
     d = a.dtype
     dev = a._device_index_
@@ -413,12 +413,16 @@ def _addmm_cuda(bias, a, b, M, N, K, beta, alpha, activation, out, shape):
     if res.numel() == 0:
         return res, None
     d2 = res
+    # cuBLASLt's GELU epilogue computes its tanh in lower precision than float64
+    fused = activation if not (activation == "gelu" and d is dt.float64) else None
     bias_ptr = _bias_vector(bias, N) if (beta == 1 and bias is not None and K > 0) else 0
-    plan = None
     if bias_ptr:
         try:
-            plan = _product(a, b, (), M, N, K, d2, _epilogue(activation, True), bias_ptr, alpha, 0.0,
+            plan = _product(a, b, (), M, N, K, d2, _epilogue(fused, True), bias_ptr, alpha, 0.0,
                             row_major_d=True)
+            if fused != activation:
+                _activate(d2, activation)
+                plan = None
             return res, plan
         except lt.CublasError as exc:
             if exc.status != 15:          # no algorithm with this epilogue: unfused below
@@ -435,15 +439,17 @@ def _addmm_cuda(bias, a, b, M, N, K, beta, alpha, activation, out, shape):
             d2.mul_(c_beta)
         _activate(d2, activation)
         return res, None
-    epilogue = _epilogue(activation, False)
     try:
-        _product(a, b, (), M, N, K, d2, epilogue, 0, alpha, c_beta, row_major_d=False)
+        plan = _product(a, b, (), M, N, K, d2, _epilogue(fused, False), 0, alpha, c_beta)
     except lt.CublasError as exc:
-        if exc.status != 15 or activation is None:
+        if exc.status != 15 or fused is None:
             raise
         _product(a, b, (), M, N, K, d2, None, 0, alpha, c_beta)
+        fused = plan = None
+    if fused != activation:
         _activate(d2, activation)
-    return res, None
+        plan = None
+    return res, (plan if c_beta == 0.0 else None)
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
@@ -549,6 +555,21 @@ def linear(input, weight, bias=None, *, activation=None):
     """
     _check_activation("linear", activation)
     x, w = input, weight
+    if type(x) is Tensor and type(w) is Tensor and x.is_cuda and (bias is None or type(bias) is Tensor):
+        key = ("linear", x.shape, x.strides, w.shape, w.strides, x._dtype_code_, w._dtype_code_,
+               x._device_index_, w._device_index_, _blas.tf32_allowed(), activation, x.data_ptr() & 15,
+               w.data_ptr() & 15, None if bias is None else
+               (bias.shape, bias.strides, bias._dtype_code_, bias._device_index_, bias.data_ptr() & 15))
+        recipe = _recipes.get(key)
+        if recipe is not None:
+            shape, d, dev, plan = recipe
+            if plan.workspace_bytes:
+                _reserve_capture_workspace(dev)
+            res = _empty_cuda(shape, d, dev)
+            plan.run(x.data_ptr(), w.data_ptr(), res.data_ptr(), None, 0 if bias is None else bias.data_ptr())
+            return res
+    else:
+        key = None
     tensors = (x, w) if bias is None else (x, w, bias)
     _check_operands("linear", *tensors)
     if w.ndim != 2:
@@ -557,25 +578,26 @@ def linear(input, weight, bias=None, *, activation=None):
         raise ValueError(f"linear: input of shape {x.shape} does not match weight {w.shape}")
     if bias is not None and bias.shape not in ((w.shape[0],), ()):
         raise ValueError(f"linear: bias must have shape ({w.shape[0]},), got {bias.shape}")
-    lead = x.shape[:-1]
+    shape = x.shape[:-1] + (w.shape[0],)
     x2 = x.reshape(-1, x.shape[-1])
     wt = w.transpose(0, 1)
-    if bias is not None:
-        r = addmm(bias, x2, wt, activation=activation)
-    elif activation is None:
-        r = matmul(x2, wt)
-    else:
-        r = _product_activated(x2, wt, activation)
-    return r.view(*(lead + (w.shape[0],)))
+    if x.is_cpu:
+        if bias is not None:
+            return addmm(bias, x2, wt, activation=activation).view(*shape)
+        return _product_activated(x2, wt, activation).view(*shape)
+    M, K = x2.shape
+    res, plan = _addmm_cuda(bias, x2, wt, M, w.shape[0], K, 1 if bias is not None else 0, 1.0, activation,
+                            None, (M, w.shape[0]))
+    # cacheable when the rows were read in place (reshape made a view)
+    if plan is not None and key is not None and x2.data_ptr() == x.data_ptr() and x2._storage_ is x._storage_:
+        _store(key, (shape, x.dtype, x._device_index_, plan))
+    return res.view(*shape)
 
 
 def _product_activated(a, b, activation):
-    if a.is_cpu:
-        cd = _numpy_compute(a.dtype)
-        r = _activate_numpy(a.numpy().astype(cd) @ b.numpy().astype(cd), activation)
-        res = empty(r.shape, dtype=a.dtype)
-        np.copyto(res.numpy(), r, casting="unsafe")
-        return res
-    res, _ = _addmm_cuda(None, a, b, a.shape[0], b.shape[1], a.shape[1], 0, 1.0, activation, None,
-                         (a.shape[0], b.shape[1]))
+    """(a @ b), activated, on CPU tensors."""
+    cd = _numpy_compute(a.dtype)
+    r = _activate_numpy(a.numpy().astype(cd) @ b.numpy().astype(cd), activation)
+    res = empty(r.shape, dtype=a.dtype)
+    np.copyto(res.numpy(), r, casting="unsafe")
     return res
