@@ -11,6 +11,15 @@ per call is measured back to back with the launch queue kept short; latency
 is one call between two synchronizations. The memory section (run first,
 before the others allocate) sets reserved device memory of tensorplay and
 PyTorch side by side on the same work, each over its own baseline.
+
+The work section times the GPU side instead: CUDA events around back-to-back
+calls (matmuls on cuBLASLt, linear with fused epilogues, bandwidth-bound
+kernels, a small captured graph), as TFLOP/s or GB/s and as a ratio to
+PyTorch, each result checked against PyTorch's first. The serving section
+captures one graph of an MLP step per batch size (1 to 512) into one shared
+pool, largest first, as LLM servers do: capture time, reserved memory
+(second, after memory, so that no other section's cached blocks are in its
+baselines) and replay GPU time at batch 1 and 512.
 """
 
 from __future__ import annotations
@@ -37,12 +46,17 @@ RESULTS = []
 
 
 def record(section, case, library, host_us=None, latency_us=None, extra=None, error=None,
-           reserved_mib=None, total_mib=None, peak_mib=None, final_mib=None):
-    """Append one result; the ``*_mib`` figures are the memory section's (see MEMORY_LEGEND)."""
+           reserved_mib=None, total_mib=None, peak_mib=None, final_mib=None,
+           gpu_us=None, rate=None, unit=None, note=None, capture_ms=None):
+    """Append one result; the ``*_mib`` figures are the memory section's (see
+    MEMORY_LEGEND, and serving's reserved growth); ``gpu_us``, ``rate``/``unit``
+    and ``capture_ms`` the work and serving sections' (see WORK_LEGEND).
+    ``speed_vs_torch`` is set later on tensorplay's rows (set_speed)."""
     RESULTS.append({"section": section, "case": case, "library": library, "host_us": host_us,
                     "latency_us": latency_us, "extra": extra, "error": error,
                     "reserved_mib": reserved_mib, "total_mib": total_mib, "peak_mib": peak_mib,
-                    "final_mib": final_mib})
+                    "final_mib": final_mib, "gpu_us": gpu_us, "rate": rate, "unit": unit, "note": note,
+                    "capture_ms": capture_ms, "speed_vs_torch": None})
 
 
 def host_per_call(fn, calls, repeats, sync):
@@ -616,13 +630,567 @@ def memory_rows(quick, torch):
     memory_case("100 capture + reset cycles, 1 MiB input + 4 MiB temporary", libraries, capture_reset_cycles, 100)
 
 
+# ---------------------------------------------------------------- 8. GPU work per call (matmul, fast kernels)
+
+# A kernel that waits on the GPU: queued ahead of a timed batch, it keeps the
+# GPU busy while the host enqueues the batch, so the events around the batch
+# measure the kernels back to back, not the host's launch rate.
+SPIN_SOURCE = r"""
+extern "C" __global__ void bench_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+"""
+
+
+class GpuClock:
+    """One library's CUDA events, synchronize and current stream, for GPU time.
+
+    ``spin(ms)`` queues the spin kernel on the library's current stream (it is
+    launched through tensorplay in both cases: one context, any stream)."""
+
+    def __init__(self, lib, spin_kernel, stream_of=None):
+        self.lib = lib
+        self._spin_kernel = spin_kernel
+        self._stream_of = stream_of or (lambda: None)
+
+    def spin(self, ms):
+        if self._spin_kernel is not None:
+            self._spin_kernel(1, 1, [int(ms * 1e6)], stream=self._stream_of())
+
+    def batch(self, fn, calls, spin_ms):
+        """(GPU ms per call, host enqueue ms for the whole batch) of ``calls`` calls."""
+        self.lib.cuda.synchronize()
+        start = self.lib.cuda.Event(enable_timing=True)
+        end = self.lib.cuda.Event(enable_timing=True)
+        self.spin(spin_ms)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls, host_ms
+
+
+def make_clocks(torch):
+    """{library: GpuClock}; the spin kernel is None (and timed batches start
+    with an empty queue) when it cannot be built."""
+    try:
+        spin = tp.cuda.RawKernel(SPIN_SOURCE, "bench_spin")
+        spin(1, 1, [1000])
+        tp.cuda.synchronize()
+    except Exception as exc:
+        print(f"no spin kernel ({type(exc).__name__}: {exc}); GPU times may include host launch gaps")
+        spin = None
+    clocks = {"tensorplay": GpuClock(tp, spin)}
+    if torch is not None:
+        def torch_stream():
+            return tp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, device=torch.cuda.current_device())
+        clocks["PyTorch"] = GpuClock(torch, spin, torch_stream)
+    return clocks
+
+
+def gpu_per_call(contenders, rounds, target_ms, min_calls=20, max_calls=100):
+    """Median GPU time per call of each contender ``(name, fn, clock)``, in µs,
+    with the median host enqueue time per call and whether the host fell
+    behind the GPU in any round (the GPU may then have idled between calls).
+
+    A calibration batch per contender picks the calls per round (enough for
+    ``target_ms`` of GPU work, within [min_calls, max_calls]) and the spin
+    (longer than the host needs to enqueue the batch); rounds then alternate
+    between contenders so that drift affects them alike."""
+    plan = {}
+    for name, fn, clock in contenders:
+        gpu_ms, host_ms = clock.batch(fn, min_calls, 5.0)
+        calls = max(min_calls, min(max_calls, int(target_ms / max(gpu_ms, 1e-4))))
+        spin_ms = min(50.0, max(0.5, 2.0 * host_ms / min_calls * calls + 0.2))
+        plan[name] = (calls, spin_ms)
+    gpu = {name: [] for name, _, _ in contenders}
+    host = {name: [] for name, _, _ in contenders}
+    behind = {name: False for name, _, _ in contenders}
+    for _ in range(rounds):
+        for name, fn, clock in contenders:
+            calls, spin_ms = plan[name]
+            gpu_ms, host_ms = clock.batch(fn, calls, spin_ms)
+            gpu[name].append(gpu_ms * 1e3)
+            host[name].append(host_ms / calls * 1e3)
+            behind[name] |= clock._spin_kernel is None or host_ms > spin_ms
+    return {name: (statistics.median(gpu[name]), statistics.median(host[name]), behind[name])
+            for name, _, _ in contenders}
+
+
+# Largest error allowed, relative to the largest magnitude of PyTorch's
+# result: rounding of the output dtype and a different summation order pass,
+# a wrong layout, transpose or epilogue does not.
+TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "tf32": 4e-3, "float16": 4e-3, "bfloat16": 2e-2}
+
+
+def as_torch(x, torch):
+    """A tensorplay CUDA tensor as a torch tensor (DLPack, no copy), or
+    through the host where DLPack fails."""
+    try:
+        return torch.from_dlpack(x)
+    except Exception:
+        return torch.from_numpy(np.asarray(x.cpu().numpy(), dtype=np.float64)).cuda()
+
+
+def relative_error(got, want, torch):
+    """max |got - want| / max |want| (inf for a shape mismatch); ``got`` is a
+    tensorplay or torch tensor, ``want`` a torch tensor."""
+    if not isinstance(got, torch.Tensor):
+        got = as_torch(got, torch)
+    if tuple(got.shape) != tuple(want.shape):
+        return math.inf
+    got, want = got.double(), want.to(got.device).double()
+    scale = want.abs().max().item() or 1.0
+    return (got - want).abs().max().item() / scale
+
+
+def check_against(got, want, tolerance, torch):
+    """None when ``got`` agrees with torch's ``want``, else why not (a row's error)."""
+    err = relative_error(got, want, torch)
+    if err <= tolerance:
+        return None
+    return f"wrong result: max error {err:.2e} of the largest value (tolerance {tolerance:.0e}); not timed"
+
+
+def _same(make):
+    return {"tensorplay": make, "PyTorch": make}
+
+
+def _matmul(lib, a, b):
+    return lambda: lib.matmul(a, b)
+
+
+def _matmul_operator(lib, a, b):
+    return lambda: a @ b
+
+
+def _mv(lib, a, v):
+    return lambda: lib.mv(a, v)
+
+
+def _add_out(lib, a, b):
+    out = lib.empty_like(a)
+    return lambda: lib.add(a, b, out=out)
+
+
+def _sum(lib, a):
+    return lambda: a.sum()
+
+
+def _transpose_copy(lib, a):
+    return lambda: a.transpose(0, 1).contiguous()
+
+
+def _tp_linear(activation):
+    def make(lib, x, w, b):
+        return lambda: lib.linear(x, w, b, activation=activation)
+    return make
+
+
+def _torch_linear(activation):
+    def make(lib, x, w, b):
+        F = lib.nn.functional
+        if activation is None:
+            return lambda: F.linear(x, w, b)
+        if activation == "relu":
+            return lambda: F.relu(F.linear(x, w, b))
+        return lambda: F.gelu(F.linear(x, w, b), approximate="tanh")    # cuBLASLt's GELU epilogue is tanh's
+    return make
+
+
+def _layers(x, w, layers):
+    for _ in range(layers):
+        x = (x @ w).relu() + x
+    return x
+
+
+def _tp_graph_layers(lib, x, w, layers=4):
+    _layers(x, w, layers)                                   # compiles the kernels, makes the plans
+    tp.cuda.synchronize()
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        y = _layers(x, w, layers)
+
+    def replay():
+        g.replay()
+        return y
+    return replay
+
+
+def _torch_graph_layers(torch, x, w, layers=4):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _layers(x, w, layers)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = _layers(x, w, layers)
+
+    def replay():
+        g.replay()
+        return y
+    return replay
+
+
+class WorkCase:
+    """One row of the work section.
+
+    ``shapes`` are the inputs' shapes (uniform in [low, 1), ``scale`` times,
+    the same values for both libraries); ``ops`` maps a library name to
+    ``make(lib, *inputs)``, which returns a call that does the work once and
+    returns its result. ``flops`` gives TFLOP/s, else ``nbytes`` (bytes read
+    and written) gives GB/s. ``tf32`` runs the row with TF32 matmuls allowed
+    in both libraries."""
+
+    def __init__(self, case, dtype, shapes, ops, flops=0, nbytes=0, low=-1.0, scale=1.0, tf32=False):
+        self.case, self.dtype, self.shapes, self.ops = case, dtype, shapes, ops
+        self.flops, self.nbytes, self.low, self.scale, self.tf32 = flops, nbytes, low, scale, tf32
+
+    @property
+    def tolerance(self):
+        return TOLERANCE["tf32" if self.tf32 else self.dtype]
+
+    def rate(self, gpu_us):
+        """(value, unit) of the achieved rate for a GPU time per call."""
+        if self.flops:
+            return self.flops / gpu_us / 1e6, "TFLOP/s"
+        return self.nbytes / gpu_us / 1e3, "GB/s"
+
+
+def _gemm(m, n, k, dtype, tf32=False, batch=1, label=None):
+    shapes = ((batch, m, k), (batch, k, n)) if batch > 1 else ((m, k), (k, n))
+    size = f"{batch} x ({m}x{k} @ {k}x{n})" if batch > 1 else (f"{m}^2" if m == n == k else f"{m}x{k} @ {k}x{n}")
+    case = label or f"matmul {size} {dtype}" + (" TF32" if tf32 else "")
+    itemsize = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
+    return WorkCase(case, dtype, shapes, _same(_matmul), flops=2 * batch * m * n * k, tf32=tf32,
+                    nbytes=batch * (m * k + k * n + m * n) * itemsize)
+
+
+def _linear(n, dtype, activation):
+    name = {None: "linear + bias", "relu": "linear + bias + relu", "gelu": "linear + bias + gelu"}[activation]
+    return WorkCase(f"{name} {n}^2 {dtype}", dtype, ((n, n), (n, n), (n,)),
+                    {"tensorplay": _tp_linear(activation), "PyTorch": _torch_linear(activation)},
+                    flops=2 * n * n * n)
+
+
+MI = 1 << 20
+WORK_CASES = [
+    _gemm(4096, 4096, 4096, "float32"),
+    _gemm(4096, 4096, 4096, "float32", tf32=True),
+    _gemm(4096, 4096, 4096, "bfloat16"),
+    _gemm(4096, 4096, 4096, "float16"),
+    _gemm(1024, 1024, 1024, "bfloat16"),
+    _gemm(2048, 2048, 2048, "bfloat16"),
+    _gemm(8192, 8192, 8192, "bfloat16"),
+    WorkCase("a @ b 4096^2 bf16 (operator)", "bfloat16", ((4096, 4096), (4096, 4096)), _same(_matmul_operator),
+             flops=2 * 4096 ** 3),
+    # GEMV: bound by reading the matrix, so GB/s
+    WorkCase("matmul 1x4096 @ 4096x4096 float32 (GEMV)", "float32", ((1, 4096), (4096, 4096)), _same(_matmul),
+             nbytes=(4096 + 4096 * 4096 + 4096) * 4),
+    WorkCase("mv 4096x4096 @ 4096 float32", "float32", ((4096, 4096), (4096,)), _same(_mv),
+             nbytes=(4096 + 4096 * 4096 + 4096) * 4),
+    _gemm(512, 512, 64, "bfloat16", batch=32),
+    _linear(4096, "bfloat16", None),
+    _linear(4096, "bfloat16", "relu"),
+    _linear(4096, "bfloat16", "gelu"),
+    WorkCase("add 64Mi float32, out=", "float32", ((64 * MI,), (64 * MI,)), _same(_add_out), nbytes=3 * 64 * MI * 4),
+    WorkCase("sum 64Mi float32", "float32", ((64 * MI,),), _same(_sum), nbytes=64 * MI * 4, low=0.0),
+    WorkCase("transpose copy 8192^2 float32", "float32", ((8192, 8192),), _same(_transpose_copy),
+             nbytes=2 * 8192 * 8192 * 4),
+    # weights read per replay (4 layers of 1024x1024 float32), so GB/s
+    WorkCase("graph replay: 4 x ((x @ w).relu() + x), 1x1024 @ 1024^2 float32", "float32",
+             ((1, 1024), (1024, 1024)), {"tensorplay": _tp_graph_layers, "PyTorch": _torch_graph_layers},
+             nbytes=4 * 1024 * 1024 * 4, scale=1 / 32),
+]
+
+
+def host_inputs(case, seed):
+    """The case's inputs as float32 NumPy arrays, the same for every library."""
+    rng = np.random.default_rng(seed)
+    return [(rng.random(shape, dtype=np.float32) * (1 - case.low) + case.low) * np.float32(case.scale)
+            for shape in case.shapes]
+
+
+def to_library(lib, array, dtype):
+    """A float32 NumPy array as a CUDA tensor of ``lib`` with ``dtype`` (cast on the device)."""
+    return lib.from_numpy(array).to("cuda").to(getattr(lib, dtype))
+
+
+class _Tf32:
+    """Sets TF32 matmuls on (``enabled``) or off in both libraries for a row,
+    and restores the previous settings on exit. ``tp_error`` says why
+    tensorplay's switch could not be set (its row is then not measured)."""
+
+    def __init__(self, enabled, torch):
+        self.enabled, self.torch, self.saved, self.tp_error = enabled, torch, [], None
+
+    def _set(self, holder):
+        self.saved.append((holder, holder.allow_tf32))
+        holder.allow_tf32 = self.enabled
+
+    def __enter__(self):
+        if self.torch is not None:
+            self._set(self.torch.backends.cuda.matmul)
+        try:
+            self._set(tp.backends.cuda.matmul)
+        except AttributeError as exc:
+            if self.enabled:                # off is tensorplay's default: nothing to set
+                self.tp_error = f"cannot allow TF32 in tensorplay: {exc}"
+        return self
+
+    def __exit__(self, *exc):
+        for holder, value in reversed(self.saved):
+            holder.allow_tf32 = value
+        return False
+
+
+def work_rows(quick, torch, cases=None):
+    """GPU time per call of each WORK_CASES row in both libraries, from CUDA
+    events around back-to-back calls; tensorplay's result checked against
+    PyTorch's once per row before it is timed."""
+    clocks = make_clocks(torch)
+    rounds, target_ms = (5, 10.0) if quick else (15, 25.0)
+    for seed, case in enumerate(WORK_CASES if cases is None else cases):
+        work_case(case, seed, clocks, rounds, target_ms, torch)
+        gc.collect()
+
+
+def work_case(case, seed, clocks, rounds, target_ms, torch):
+    arrays = host_inputs(case, seed)
+    libraries = [("tensorplay", tp)] + ([("PyTorch", torch)] if torch is not None else [])
+    with _Tf32(case.tf32, torch) as tf32:
+        calls, errors = {}, {}
+        for name, lib in libraries:
+            @guarded("work", case.case, name)
+            def _build():
+                if name == "tensorplay" and tf32.tp_error:
+                    raise RuntimeError(tf32.tp_error)
+                inputs = [to_library(lib, a, case.dtype) for a in arrays]
+                fn = case.ops[name](lib, *inputs)
+                for _ in range(3):                 # compile, plan, fill caches
+                    fn()
+                lib.cuda.synchronize()
+                calls[name] = fn
+        if "tensorplay" in calls and "PyTorch" in calls:
+            try:
+                wrong = check_against(calls["tensorplay"](), calls["PyTorch"](), case.tolerance, torch)
+            except Exception as exc:     # an unchecked result is not timed either
+                wrong = f"check failed: {type(exc).__name__}: {exc}"[:200]
+            if wrong:
+                errors["tensorplay"] = wrong
+                del calls["tensorplay"]
+        elif "tensorplay" in calls:
+            errors["tensorplay"] = "unchecked (no PyTorch)"
+        for name, msg in errors.items():
+            if name not in calls:
+                record("work", case.case, name, error=msg)
+        timed = gpu_per_call([(name, fn, clocks[name]) for name, fn in calls.items()], rounds, target_ms)
+    for name, (gpu_us, host_us, behind) in timed.items():
+        rate, unit = case.rate(gpu_us)
+        note = [errors[name]] if name in errors else []
+        if behind:
+            note.append("host fell behind: GPU may have idled")
+        record("work", case.case, name, host_us=host_us, gpu_us=gpu_us, rate=rate, unit=unit,
+               note="; ".join(note) or None)
+    if "tensorplay" in timed and "PyTorch" in timed:
+        set_speed("work", case.case, timed["PyTorch"][0] / timed["tensorplay"][0])
+
+
+def set_speed(section, case, speed):
+    """Store PyTorch's GPU time / tensorplay's (>1: tensorplay faster) on the tensorplay row."""
+    for r in RESULTS:
+        if r["section"] == section and r["case"] == case and r["library"] == "tensorplay":
+            r["speed_vs_torch"] = speed
+
+
+# ---------------------------------------------------------------- 9. serving: one graph per batch size
+
+# vLLM's default capture sizes: 1, 2, 4, then every multiple of 8 up to 512
+SERVING_BATCHES = [1, 2, 4] + list(range(8, 513, 8))
+SERVING_HIDDEN, SERVING_FFN = 1024, 4096
+
+
+def serving_weights(seed=100):
+    """bf16 MLP weights (as float32 arrays) and two 512-row inputs: one for
+    warm-up and capture, one written before the checked replay."""
+    rng = np.random.default_rng(seed)
+    h, f = SERVING_HIDDEN, SERVING_FFN
+
+    def uniform(shape, scale):
+        return ((rng.random(shape, dtype=np.float32) * 2 - 1) * np.float32(scale))
+    return {"w1": uniform((f, h), h ** -0.5), "b1": uniform((f,), 0.1), "w2": uniform((h, f), f ** -0.5),
+            "b2": uniform((h,), 0.1), "x": uniform((max(SERVING_BATCHES), h), 1.0),
+            "x_new": uniform((max(SERVING_BATCHES), h), 1.0)}
+
+
+def tp_mlp_step(w):
+    """y = x + linear(gelu(linear(x, w1, b1)), w2, b2), bias and GELU fused."""
+    def step(x):
+        h = tp.linear(x, w["w1"], w["b1"], activation="gelu")
+        return tp.linear(h, w["w2"], w["b2"]) + x
+    return step
+
+
+def torch_mlp_step(torch, w):
+    F = torch.nn.functional
+
+    def step(x):
+        h = F.gelu(F.linear(x, w["w1"], w["b1"]), approximate="tanh")
+        return F.linear(h, w["w2"], w["b2"]) + x
+    return step
+
+
+def _torch_capture_graph_ctx(torch, g, pool, step, x):
+    with torch.cuda.graph(g, pool=pool):
+        return step(x)
+
+
+def _torch_capture_raw(torch, side):
+    """capture_begin/capture_end on one side stream: torch.cuda.graph()'s
+    capture without its synchronize and empty_cache on every entry."""
+    def capture(torch, g, pool, step, x):
+        with torch.cuda.stream(side):
+            g.capture_begin(pool=pool)
+            try:
+                y = step(x)
+            finally:
+                g.capture_end()
+        return y
+    return capture
+
+
+def _tp_capture(lib, g, pool, step, x):
+    with lib.cuda.graph(g, pool=pool):
+        return step(x)
+
+
+def capture_serving(lib, step, x_static, capture):
+    """Warm ``step`` up at every batch size (kernels, plans), settle, then
+    capture one graph per batch size, largest first, into one pool: returns
+    ({batch: (graph, output)}, capture wall ms, reserved growth MiB)."""
+    for b in SERVING_BATCHES:
+        step(x_static[:b])
+    base = settle(lib)
+    pool = lib.cuda.graph_pool_handle()
+    graphs = {}
+    t0 = time.perf_counter()
+    for b in sorted(SERVING_BATCHES, reverse=True):
+        g = lib.cuda.CUDAGraph()
+        graphs[b] = (g, capture(lib, g, pool, step, x_static[:b]))
+    lib.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    return graphs, wall_ms, mib(lib.cuda.memory_reserved() - base)
+
+
+def check_serving(lib, step, graphs, x_static, x_new, batches, tolerance, torch):
+    """Write new input values, replay the graphs of ``batches`` and compare
+    each output with ``step`` run eagerly: None or what is wrong."""
+    x_static.copy_(x_new)
+    for b in batches:
+        g, out = graphs[b]
+        g.replay()
+        want = step(x_static[:b])
+        lib.cuda.synchronize()
+        err = relative_error(out, as_torch(want, torch) if lib is tp else want, torch)
+        if err > tolerance:
+            return f"batch {b}: replay differs from eager by {err:.2e} of the largest value"
+    return None
+
+
+def serving_rows(quick, torch):
+    """vLLM-style capture of one graph per batch size into one shared pool,
+    for tensorplay and PyTorch: capture wall time, reserved growth, replay
+    GPU time at batch 1 and 512, replays checked against eager."""
+    section = "serving"
+    n = len(SERVING_BATCHES)
+    cap_case = f"capture {n} graphs (batch {SERVING_BATCHES[0]}..{SERVING_BATCHES[-1]}, largest first), one pool"
+    big = max(SERVING_BATCHES)
+    weights = serving_weights()
+    tolerance = TOLERANCE["bfloat16"]
+    clocks = make_clocks(torch)
+    rounds, target_ms = (5, 5.0) if quick else (15, 20.0)
+    state = {}
+    contenders = [("tensorplay", tp, tp_mlp_step, _tp_capture)]
+    if torch is not None:
+        side = torch.cuda.Stream()
+        contenders += [("PyTorch", torch, lambda w: torch_mlp_step(torch, w), _torch_capture_graph_ctx),
+                       ("PyTorch capture_begin/end (no per-graph sync, empty_cache)", torch,
+                        lambda w: torch_mlp_step(torch, w), _torch_capture_raw(torch, side))]
+    for name, lib, make_step, capture in contenders:
+        @guarded(section, cap_case, name)
+        def _capture():
+            w = {k: to_library(lib, v, "bfloat16") for k, v in weights.items()}
+            step = make_step(w)
+            graphs, wall_ms, growth = capture_serving(lib, step, w["x"], capture)
+            error = None
+            if torch is not None:
+                error = check_serving(lib, step, graphs, w["x"], w["x_new"], (1, big), tolerance, torch)
+            record(section, cap_case, name, capture_ms=wall_ms, reserved_mib=growth, error=error)
+            if name in ("tensorplay", "PyTorch"):
+                state[name] = (lib, graphs, w, error)
+    if "tensorplay" in state and "PyTorch" in state and state["tensorplay"][3] is None:
+        # both libraries' batch-1 outputs, replayed on the same input (x_new, written by the check)
+        tp_lib, tp_graphs, tp_w, _ = state["tensorplay"]
+        try:
+            err = relative_error(tp_graphs[1][1], state["PyTorch"][1][1][1], torch)
+            disagree = f"batch 1 replay differs from PyTorch's by {err:.2e} of the largest value" \
+                if err > tolerance else None
+        except Exception as exc:
+            disagree = f"check against PyTorch failed: {type(exc).__name__}: {exc}"[:200]
+        state["tensorplay"] = (tp_lib, tp_graphs, tp_w, disagree)
+    flops = 2 * SERVING_HIDDEN * SERVING_FFN * 2
+    for b, case in ((1, "replay batch 1"), (big, f"replay batch {big}")):
+        timed_contenders = [(name, graphs[b][0].replay, clocks[name])
+                            for name, (lib, graphs, w, error) in state.items() if error is None]
+        for name, (lib, graphs, w, error) in state.items():
+            if error is not None:
+                record(section, case, name, error=f"{error}; not timed")
+        timed = gpu_per_call(timed_contenders, rounds, target_ms)
+        for name, (gpu_us, host_us, behind) in timed.items():
+            if b == 1:       # bound by reading the weights
+                rate, unit = SERVING_HIDDEN * SERVING_FFN * 2 * 2 / gpu_us / 1e3, "GB/s"
+            else:
+                rate, unit = flops * b / gpu_us / 1e6, "TFLOP/s"
+            record(section, case, name, host_us=host_us, gpu_us=gpu_us, rate=rate, unit=unit,
+                   note="host fell behind: GPU may have idled" if behind else None)
+        if "tensorplay" in timed and "PyTorch" in timed:
+            set_speed(section, case, timed["PyTorch"][0] / timed["tensorplay"][0])
+    caps = {r["library"]: r for r in RESULTS if r["section"] == section and r["case"] == cap_case}
+    if caps.get("tensorplay", {}).get("capture_ms") and caps.get("PyTorch", {}).get("capture_ms"):
+        caps["tensorplay"]["speed_vs_torch"] = caps["PyTorch"]["capture_ms"] / caps["tensorplay"]["capture_ms"]
+    state.clear()
+    gc.collect()
+    for lib in (tp, torch):
+        if lib is not None:
+            settle(lib)
+
+
 # ---------------------------------------------------------------- output
 
+GPU_SECTIONS = ("work", "serving")
+WORK_LEGEND = """\
+GPU us: CUDA events around 20-100 back-to-back calls queued behind a spin kernel (so the GPU runs them
+  without waiting on the host), median over rounds after warm-up; host us: time to enqueue one call;
+  rate: the row's FLOPs (TFLOP/s) or bytes read + written (GB/s) over GPU us; tp/PT: PyTorch's GPU time
+  over tensorplay's (>1: tensorplay faster). tensorplay's result is checked against PyTorch's once per row
+  and a wrong one is not timed. Serving capture: wall time of all captures, reserved growth over the
+  library's baseline (weights and inputs allocated, each batch size warmed up, cache emptied)."""
+
+
 def print_table():
-    """The timing table, then the memory table."""
-    timed = [r for r in RESULTS if r["section"] != "memory"]
+    """The timing table, the GPU work and serving tables, then the memory table."""
+    timed = [r for r in RESULTS if r["section"] not in ("memory",) + GPU_SECTIONS]
     if timed:
         print_timing_table(timed)
+    print_gpu_tables([r for r in RESULTS if r["section"] in GPU_SECTIONS])
     print_memory_table([r for r in RESULTS if r["section"] == "memory"])
 
 
@@ -633,6 +1201,34 @@ def print_timing_table(rows):
         lat = f"{r['latency_us']:.1f}" if r["latency_us"] is not None else "-"
         note = r["error"] or (f"{r['extra']:.0f} launches/s" if r["extra"] else "")
         print(f"{r['section']:<9} {r['case']:<20} {r['library']:<52} {h:>10} {lat:>11}  {note}")
+
+
+def _cell(value, fmt):
+    return format(value, fmt) if value is not None else "-"
+
+
+def print_gpu_tables(rows):
+    """Work and serving rows: GPU time, rate, host time, speed against PyTorch;
+    serving's capture rows as capture time and reserved growth."""
+    if not rows:
+        return
+    captures = [r for r in rows if r["section"] == "serving" and r["case"].startswith("capture")]
+    timed = [r for r in rows if r not in captures]
+    print()
+    print(f"{'section':<8} {'case':<64} {'library':<28} {'GPU us':>10} {'rate':>9} {'unit':<7} "
+          f"{'host us':>8} {'tp/PT':>6}  note")
+    for r in timed:
+        note = "; ".join(x for x in (r["error"], r["note"]) if x)
+        print(f"{r['section']:<8} {r['case']:<64} {r['library']:<28} {_cell(r['gpu_us'], '.2f'):>10} "
+              f"{_cell(r['rate'], '.1f'):>9} {r['unit'] or '':<7} {_cell(r['host_us'], '.2f'):>8} "
+              f"{_cell(r['speed_vs_torch'], '.2f'):>6}  {note}")
+    if captures:
+        print()
+        print(f"{'serving capture':<80} {'library':<58} {'wall ms':>9} {'MiB':>8} {'tp/PT':>6}  note")
+        for r in captures:
+            print(f"{r['case']:<80} {r['library']:<58} {_cell(r['capture_ms'], '.1f'):>9} "
+                  f"{_cell(r['reserved_mib'], '.1f'):>8} {_cell(r['speed_vs_torch'], '.2f'):>6}  {r['error'] or ''}")
+    print(WORK_LEGEND)
 
 
 def _mib_cell(value):
@@ -692,7 +1288,8 @@ def write_chart(path):
     fig.savefig(path, dpi=120)
 
 
-SECTIONS = ("memory", "replay", "staging", "while", "threads", "capture", "eager")
+# memory first, then serving (it measures reserved memory too), before the others allocate
+SECTIONS = ("memory", "serving", "work", "replay", "staging", "while", "threads", "capture", "eager")
 
 
 def parse_sections(only, ap):
@@ -705,6 +1302,15 @@ def parse_sections(only, ap):
         ap.error(f"--only: unknown section(s) {', '.join(unknown) or '(none given)'}; "
                  f"choose from {', '.join(SECTIONS)}")
     return [s for s in SECTIONS if s in names]
+
+
+def cublaslt_version():
+    """tensorplay's loaded cuBLASLt (cublasLtGetVersion), None when not loaded."""
+    try:
+        from tensorplay._ops import _blas
+        return _blas.version()
+    except Exception:
+        return None
 
 
 def main():
@@ -732,6 +1338,10 @@ def main():
     t0 = time.perf_counter()
     if "memory" in sections:        # first: before the other sections allocate
         memory_rows(quick, torch)
+    if "serving" in sections:       # measures reserved memory: before work's large tensors are cached
+        serving_rows(quick, torch)
+    if "work" in sections:
+        work_rows(quick, torch)
     if "replay" in sections:
         replay_rows([1, 10, 100] if quick else [1, 10, 100, 1000], calls, repeats, torch, cp)
     if "staging" in sections:
@@ -749,7 +1359,7 @@ def main():
             "driver": ".".join(map(str, tp.cuda.driver_version())), "tensorplay": tp.__version__,
             "torch": getattr(torch, "__version__", None), "cupy": getattr(cp, "__version__", None),
             "python": sys.version.split()[0], "elapsed_s": round(elapsed, 1), "quick": quick,
-            "sections": sections}
+            "sections": sections, "cublaslt": cublaslt_version()}
     print_table()
     print(json.dumps(meta))
     with open(args.out + ".json", "w") as f:
