@@ -39,10 +39,9 @@ from ._nvrtc import NVRTCError as NVRTCError
 from ._stream import Stream
 from ._tensor import TensorBase
 from .cuda._custom import ElementwiseKernel as ElementwiseKernel, RawKernel as RawKernel
-from .types import DTypeLike, DeviceLike, Dims, Number, Size, TensorOrNumber
+from .types import Activation, DTypeLike, DeviceLike, Dims, Number, Size, TensorOrNumber
 
 __version__: str
-Activation = Literal["relu", "gelu"] | None
 __all__ = [
 {ALL}
 ]

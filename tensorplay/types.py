@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 else:
     from ._tensor_api import Tensor
 
-__all__ = ["CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "Number", "PoolLike",
+__all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "Number", "PoolLike",
            "Size", "StreamLike", "SupportsCudaStream", "TensorOrNumber"]
 
 #: A Python scalar operand: ``bool``, ``int`` or ``float``.
@@ -81,6 +81,10 @@ StreamLike: TypeAlias = Union[Stream, SupportsCudaStream, HasCudaStream, int]
 #: ``"global"`` (any thread's unsafe call fails the capture), ``"thread_local"``
 #: (only this thread's) or ``"relaxed"`` (no guard).
 CaptureErrorMode: TypeAlias = Literal["global", "thread_local", "relaxed"]
+
+#: The activation fused into a matrix product (:func:`tensorplay.linear`,
+#: :func:`tensorplay.addmm`): ``"relu"``, ``"gelu"`` (the tanh approximation) or None.
+Activation: TypeAlias = Literal["relu", "gelu"] | None
 
 #: The memory pool a capture allocates from: None (a fresh private pool), an
 #: id from :func:`tensorplay.cuda.graph_pool_handle` or a graph's ``pool_id``,
