@@ -1146,6 +1146,10 @@ def serving_rows(quick, torch):
         except Exception as exc:
             disagree = f"check against PyTorch failed: {type(exc).__name__}: {exc}"[:200]
         state["tensorplay"] = (tp_lib, tp_graphs, tp_w, disagree)
+        if disagree:
+            for r in RESULTS:
+                if (r["section"], r["case"], r["library"]) == (section, cap_case, "tensorplay"):
+                    r["error"] = disagree
     flops = 2 * SERVING_HIDDEN * SERVING_FFN * 2
     for b, case in ((1, "replay batch 1"), (big, f"replay batch {big}")):
         timed_contenders = [(name, graphs[b][0].replay, clocks[name])
@@ -1153,6 +1157,9 @@ def serving_rows(quick, torch):
         for name, (lib, graphs, w, error) in state.items():
             if error is not None:
                 record(section, case, name, error=f"{error}; not timed")
+        for name in ("tensorplay", "PyTorch")[:len(contenders)]:
+            if name not in state:
+                record(section, case, name, error="not captured (see the capture row)")
         timed = gpu_per_call(timed_contenders, rounds, target_ms)
         for name, (gpu_us, host_us, behind) in timed.items():
             if b == 1:       # bound by reading the weights
