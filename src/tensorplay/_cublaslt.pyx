@@ -233,7 +233,13 @@ cdef class Handle:
             check_status(s, "cublasLtCreate")
 
     def __dealloc__(self):
+        # the last reference may go on a thread without a current context
+        # (a thread-local's teardown): make the device's current first
         if self.handle != NULL and lt_destroy != NULL:
+            try:
+                ensure_context(self.device)
+            except BaseException:
+                pass
             lt_destroy(self.handle)
             self.handle = NULL
 

@@ -5,7 +5,7 @@ A product is described to cuBLASLt by its operands' strides (transposed and
 broadcast operands pass without copies) and run by a plan that holds the
 heuristic's algorithm. Two caches keep an eager call at a few microseconds of
 host time: the plans, per problem signature (_blas.plan), and per function a
-recipe keyed by the arguments' shapes, strides, dtype and pointer alignment
+recipe (per thread, as the plans: a call sets its plan's bias pointer) keyed by the arguments' shapes, strides, dtype and pointer alignment
 that goes straight to the plan.
 """
 
@@ -23,7 +23,6 @@ from . import _blas
 _FLOATS = (dt.float16, dt.bfloat16, dt.float32, dt.float64)
 ACTIVATIONS = (None, "relu", "gelu")
 
-_recipes: dict = {}
 _MAX_RECIPES = 4096
 _lt = None          # the _cublaslt module, imported on first CUDA use
 
@@ -173,9 +172,10 @@ def _make_plan(d, dev, M, N, K, batch, a_ptr, a_strides, b_ptr, b_strides, d_ptr
 
 
 def _store(key, recipe):
-    if len(_recipes) >= _MAX_RECIPES:
-        _recipes.clear()
-    _recipes[key] = recipe
+    recipes = _blas._tls_dict("recipes")
+    if len(recipes) >= _MAX_RECIPES:
+        recipes.clear()
+    recipes[key] = recipe
 
 
 def _matrix_strides(t, shape):
@@ -306,7 +306,7 @@ def matmul(input, other, *, out=None):
         key = ("mm", a.shape, a.strides, b.shape, b.strides, a._dtype_code_, b._dtype_code_,
                a._device_index_, b._device_index_, _blas.tf32_allowed(), a.data_ptr() & 15,
                b.data_ptr() & 15)
-        recipe = _recipes.get(key)
+        recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
             final, d, dev, plan = recipe
             if plan.workspace_bytes:
@@ -491,7 +491,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
                b._dtype_code_, bias._dtype_code_, a._device_index_, b._device_index_, bias._device_index_,
                _blas.tf32_allowed(), activation, float(alpha), a.data_ptr() & 15, b.data_ptr() & 15,
                bias.data_ptr() & 15)
-        recipe = _recipes.get(key)
+        recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
             shape, d, dev, plan = recipe
             if plan.workspace_bytes:
@@ -560,7 +560,7 @@ def linear(input, weight, bias=None, *, activation=None):
                x._device_index_, w._device_index_, _blas.tf32_allowed(), activation, x.data_ptr() & 15,
                w.data_ptr() & 15, None if bias is None else
                (bias.shape, bias.strides, bias._dtype_code_, bias._device_index_, bias.data_ptr() & 15))
-        recipe = _recipes.get(key)
+        recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
             shape, d, dev, plan = recipe
             if plan.workspace_bytes:
