@@ -811,17 +811,21 @@ def _layers(x, w, layers):
     return x
 
 
+def _replayer(g, y):
+    """A work-row call: replay ``g``, return its output ``y``."""
+    def replay():
+        g.replay()
+        return y
+    return replay
+
+
 def _tp_graph_layers(lib, x, w, layers=4):
     _layers(x, w, layers)                                   # compiles the kernels, makes the plans
     tp.cuda.synchronize()
     g = tp.cuda.CUDAGraph()
     with tp.cuda.graph(g):
         y = _layers(x, w, layers)
-
-    def replay():
-        g.replay()
-        return y
-    return replay
+    return _replayer(g, y)
 
 
 def _torch_graph_layers(torch, x, w, layers=4):
@@ -833,11 +837,7 @@ def _torch_graph_layers(torch, x, w, layers=4):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = _layers(x, w, layers)
-
-    def replay():
-        g.replay()
-        return y
-    return replay
+    return _replayer(g, y)
 
 
 class WorkCase:

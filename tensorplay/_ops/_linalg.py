@@ -178,6 +178,16 @@ def _store(key, recipe):
     recipes[key] = recipe
 
 
+def _run_recipe(recipe, a_ptr, b_ptr, bias_ptr=0, alpha=1.0):
+    """A cached call: a new output and one cuBLASLt launch (no C operand)."""
+    shape, d, dev, plan = recipe
+    if plan.workspace_bytes:
+        _reserve_capture_workspace(dev)
+    res = _empty_cuda(shape, d, dev)
+    plan.run(a_ptr, b_ptr, res.data_ptr(), None, bias_ptr, alpha, 0.0)
+    return res
+
+
 def _matrix_strides(t, shape):
     """``t``'s strides at ``shape`` (batch..., rows, cols), 0 where broadcast,
     keeping the real strides of size-1 matrix dimensions (layouts use them)."""
@@ -308,12 +318,7 @@ def matmul(input, other, *, out=None):
                b.data_ptr() & 15)
         recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
-            final, d, dev, plan = recipe
-            if plan.workspace_bytes:
-                _reserve_capture_workspace(dev)
-            res = _empty_cuda(final, d, dev)
-            plan.run(a.data_ptr(), b.data_ptr(), res.data_ptr())
-            return res
+            return _run_recipe(recipe, a.data_ptr(), b.data_ptr())
     else:
         key = None
     _check_operands("matmul", a, b)
@@ -493,12 +498,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
                bias.data_ptr() & 15)
         recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
-            shape, d, dev, plan = recipe
-            if plan.workspace_bytes:
-                _reserve_capture_workspace(dev)
-            res = _empty_cuda(shape, d, dev)
-            plan.run(a.data_ptr(), b.data_ptr(), res.data_ptr(), None, bias.data_ptr(), float(alpha), 0.0)
-            return res
+            return _run_recipe(recipe, a.data_ptr(), b.data_ptr(), bias.data_ptr(), float(alpha))
     else:
         key = None
     _check_operands("addmm", bias, a, b)
@@ -562,12 +562,7 @@ def linear(input, weight, bias=None, *, activation=None):
                (bias.shape, bias.strides, bias._dtype_code_, bias._device_index_, bias.data_ptr() & 15))
         recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
-            shape, d, dev, plan = recipe
-            if plan.workspace_bytes:
-                _reserve_capture_workspace(dev)
-            res = _empty_cuda(shape, d, dev)
-            plan.run(x.data_ptr(), w.data_ptr(), res.data_ptr(), None, 0 if bias is None else bias.data_ptr())
-            return res
+            return _run_recipe(recipe, x.data_ptr(), w.data_ptr(), 0 if bias is None else bias.data_ptr())
     else:
         key = None
     tensors = (x, w) if bias is None else (x, w, bias)
