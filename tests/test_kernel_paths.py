@@ -62,7 +62,8 @@ def test_flat_grid_covers_every_tile_up_to_a_cap_from_the_sm_count():
     assert tile == 256 * 2 * 4
     assert _kernels.flat_grid(1, tile, 132) == 1
     assert _kernels.flat_grid(tile * 10 + 1, tile, 132) == 11
-    assert _kernels.flat_grid(64 << 20, tile, 132) == 132 * _kernels.FLAT_BLOCKS_PER_SM
+    assert _kernels.flat_grid(64 << 20, tile, 132) == (64 << 20) // tile     # one pass over 64 Mi
+    assert _kernels.flat_grid(1 << 30, tile, 132) == 132 * _kernels.FLAT_BLOCKS_PER_SM
     assert _kernels.flat_grid(64 << 20, tile, 16) == 16 * _kernels.FLAT_BLOCKS_PER_SM
 
 
@@ -296,7 +297,7 @@ def test_transposing_copies_launch_the_tiled_kernel(monkeypatch):
     dst = _fake((8192, 8192), tp.float32, 0x100000 + 8192 * 8192 * 4)
     tp._tensor_api.copy_into(dst, src)
     (key, grid, block, params), = rec.log
-    assert key[0] == "tiled_copy" and block == (32, 8) and grid == 132 * _kernels.FLAT_BLOCKS_PER_SM
+    assert key[0] == "tiled_copy" and block == (32, 8) and grid == 132 * _kernels.TILED_COPY_BLOCKS_PER_SM
     assert struct.unpack_from("<QQq", params) == (dst.data_ptr(), 0x100000, 256 * 256)
     rec.log.clear()
     far = 0x100000 + 8192 * 8192 * 8
