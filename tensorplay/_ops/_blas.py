@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import _cublaslt
 from .._cuda import get_device_capability
 
 _lock = threading.Lock()
@@ -54,7 +55,6 @@ def ensure_loaded():
         if _state["version"] is None:
             if _state["error"] is not None:
                 raise CublasUnavailableError(_state["error"])
-            from .. import _cublaslt
             try:
                 lib = _load_library()
                 version = _cublaslt.bind(lib._handle_uint)
@@ -107,9 +107,8 @@ def handle(device):
     handles = _tls_dict("handles")
     h = handles.get(device)
     if h is None:
-        from .._cublaslt import Handle
         ensure_loaded()
-        h = handles[device] = Handle(device)
+        h = handles[device] = _cublaslt.Handle(device)
     return h
 
 

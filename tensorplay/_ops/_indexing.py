@@ -16,10 +16,11 @@ import struct
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor_api import Tensor, _empty_cuda, _as_source, broadcast_strides, empty, tensor
+from .._tensor_api import Tensor, _as_source, _empty_cuda, copy_into, device_error_checks, empty, tensor
 from .._tensor import memcpy_dtoh, memset_d8_async
 from .._stream import current_stream_handle_of
-from . import _codegen, _kernels
+from . import _kernels
+from ._elementwise import where
 from ._views import getitem as basic_getitem
 
 _flags: dict = {}          # device -> int32 error flag in device memory
@@ -50,14 +51,19 @@ def check_device_errors(dev):
 
 
 def _register():
-    from .._tensor_api import device_error_checks
     if check_device_errors not in device_error_checks:
         device_error_checks.append(check_device_errors)
 
 
 def is_advanced(ix):
+    """Whether one index entry is advanced: a tensor, list, array or CUDA array."""
     return isinstance(ix, (Tensor, list, np.ndarray)) or (
         isinstance(ix, tuple) is False and hasattr(ix, "__cuda_array_interface__"))
+
+
+def has_advanced(index):
+    """Whether ``index`` (an entry or a tuple of them) takes advanced indexing."""
+    return any(is_advanced(ix) for ix in (index if isinstance(index, tuple) else (index,)))
 
 
 def _split(t, index):
@@ -201,7 +207,6 @@ def setitem(t, index, value):
     if ix.dtype is dt.bool_ and scalar and ix.shape == view.shape[dim:dim + ix.ndim] and dim == 0 \
             and ix._device_index_ == view._device_index_:
         # masked fill without a host round trip: view = where(mask, value, view)
-        from ._elementwise import where
         m = ix.reshape(ix.shape + (1,) * (view.ndim - ix.ndim))
         where(m, value, view, out=view)
         return
@@ -234,3 +239,22 @@ def setitem(t, index, value):
 
 
 _register()
+
+
+# ------------------------------------------------------------------ Tensor methods
+# installed on Tensor by _methods.install as __getitem__ / __setitem__
+
+def tensor_getitem(self, index):
+    if has_advanced(index):
+        return getitem(self, index)
+    return basic_getitem(self, index)
+
+
+def tensor_setitem(self, index, value):
+    if has_advanced(index):
+        return setitem(self, index, value)
+    target = basic_getitem(self, index)
+    if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray):
+        target.fill_(value)
+    else:
+        copy_into(target, value)

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .. import _dtypes as dt
+from .. import _cublaslt as _lt, _dtypes as dt
 from .._stream import current_stream_handle_of
 from .._tensor_api import Tensor, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from . import _blas
@@ -24,15 +24,11 @@ _FLOATS = (dt.float16, dt.bfloat16, dt.float32, dt.float64)
 ACTIVATIONS = (None, "relu", "gelu")
 
 _MAX_RECIPES = 4096
-_lt = None          # the _cublaslt module, imported on first CUDA use
 
 
 def _cublaslt():
-    global _lt
-    if _lt is None:
-        from .. import _cublaslt
-        _blas.ensure_loaded()
-        _lt = _cublaslt
+    """The binding, with the library loaded (CublasUnavailableError otherwise)."""
+    _blas.ensure_loaded()
     return _lt
 
 

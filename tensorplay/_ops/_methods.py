@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from . import _creation, _elementwise, _linalg, _promotion, _reduce
+from . import _creation, _elementwise, _indexing, _linalg, _promotion, _reduce, _views
 from ._elementwise import apply
 
 BINARY = ("add", "sub", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum",
@@ -285,6 +285,11 @@ def install(Tensor):
     Tensor.__pos__ = lambda self: self
     Tensor.__abs__ = lambda self: apply("abs", self)
     Tensor.__invert__ = lambda self: apply("bitwise_not", self)
+    Tensor.__getitem__ = _method_name(_indexing.tensor_getitem, "__getitem__", None)
+    Tensor.__setitem__ = _method_name(_indexing.tensor_setitem, "__setitem__", None)
+    for name, fn in _views.TENSOR_METHODS.items():
+        setattr(Tensor, name, _method_name(fn, name, fn.__doc__))
+    Tensor.T = property(_method_name(_views.tensor_T, "T", _views.tensor_T.__doc__))
     Tensor.__matmul__ = lambda self, other: _linalg.matmul(self, other)
     Tensor.__rmatmul__ = lambda self, other: _linalg.matmul(other, self)
     for name in METHOD_FUNCTIONS:

@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
+from .._tensor import TensorBase as Tensor     # the compiled base: no import of the Tensor API
 
 _CAT = {"b": 0, "u": 1, "i": 1, "f": 2}
 
@@ -109,7 +110,6 @@ def result_type(*operands):
         Without operands, or for an operand that is not a tensor, a real
         number or a dtype.
     """
-    from .._tensor_api import Tensor
     dim_r = zero_r = wrapped_r = None
     for x in operands:
         if isinstance(x, Tensor):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .._tensor_api import _contiguous_strides
@@ -192,3 +191,179 @@ def squeeze(t, dim=None):
         dims = {t._dim(d) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
         keep = [i for i, s in enumerate(shape) if not (i in dims and s == 1)]
     return _make_view(t, [shape[i] for i in keep], [strides[i] for i in keep])
+
+
+def parse_view_shape(shape, numel):
+    if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+        shape = tuple(shape[0])
+    shape = list(shape)
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"shape must contain ints, got {s!r}")
+    infer = [i for i, s in enumerate(shape) if s == -1]
+    if len(infer) > 1:
+        raise ValueError("only one dimension can be inferred (-1)")
+    if any(s < -1 for s in shape):
+        raise ValueError(f"invalid shape {tuple(shape)}")
+    known = 1
+    for s in shape:
+        if s != -1:
+            known *= s
+    if infer:
+        if known == 0 or numel % known:
+            raise ValueError(f"shape {tuple(shape)} is invalid for a tensor of {numel} elements")
+        shape[infer[0]] = numel // known
+    elif known != numel:
+        raise ValueError(f"shape {tuple(shape)} is invalid for a tensor of {numel} elements")
+    return tuple(int(s) for s in shape)
+
+
+# ------------------------------------------------------------------ Tensor methods
+# installed on Tensor by _methods.install (as Tensor.<name without tensor_>)
+
+def tensor_view(self, *shape):
+    """Return a view of the same memory with another shape.
+
+    Parameters
+    ----------
+    *shape : int or sequence of int
+        The new shape, with the same number of elements; one entry may
+        be -1 (inferred).
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage.
+
+    Raises
+    ------
+    ValueError
+        If the shape does not fit, or the strides do not allow a view
+        (use :meth:`reshape`).
+    """
+    return view(self, parse_view_shape(shape, self.numel()))
+
+def tensor_reshape(self, *shape):
+    """Return the elements with another shape: a view when the strides allow one, else a copy.
+
+    Parameters
+    ----------
+    *shape : int or sequence of int
+        The new shape, with the same number of elements; one entry may
+        be -1 (inferred).
+
+    Returns
+    -------
+    Tensor
+        A view or a contiguous copy.
+    """
+    return reshape(self, parse_view_shape(shape, self.numel()))
+
+def tensor_flatten(self, start_dim=0, end_dim=-1):
+    """Merge dimensions ``start_dim`` to ``end_dim`` (inclusive) into one.
+
+    Parameters
+    ----------
+    start_dim : int, optional
+        The first dimension merged; default 0.
+    end_dim : int, optional
+        The last dimension merged; default -1 (the last).
+
+    Returns
+    -------
+    Tensor
+        A view when the strides allow one, else a copy.
+    """
+    return flatten(self, start_dim, end_dim)
+
+def tensor_transpose(self, dim0, dim1):
+    """Return a view with dimensions ``dim0`` and ``dim1`` swapped.
+
+    Parameters
+    ----------
+    dim0, dim1 : int
+        The dimensions to swap.
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage.
+    """
+    perm = list(range(self.ndim))
+    a, b = self._dim(dim0), self._dim(dim1)
+    if self.ndim:
+        perm[a], perm[b] = perm[b], perm[a]
+    return permute(self, perm)
+
+def tensor_permute(self, *dims):
+    """Return a view with the dimensions in the order ``dims``.
+
+    Parameters
+    ----------
+    *dims : int or sequence of int
+        A permutation of the dimensions: ``permute(2, 0, 1)`` or
+        ``permute((2, 0, 1))``.
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage.
+    """
+    if len(dims) == 1 and not isinstance(dims[0], numbers.Integral):
+        dims = tuple(dims[0])
+    return permute(self, [self._dim(d) for d in dims])
+
+def tensor_T(self):
+    """This tensor with its dimensions reversed (a view; the transpose of a matrix)."""
+    return self.permute(*reversed(range(self.ndim)))
+
+def tensor_expand(self, *shape):
+    """Return a view broadcast to ``shape`` (size-1 dimensions repeat with stride 0).
+
+    Parameters
+    ----------
+    *shape : int or sequence of int
+        The new shape; -1 keeps a dimension's size, and new dimensions
+        may be added in front.
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage (do not write to it).
+    """
+    if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+        shape = tuple(shape[0])
+    return expand(self, shape)
+
+def tensor_unsqueeze(self, dim):
+    """Return a view with a new dimension of size 1 at ``dim``.
+
+    Parameters
+    ----------
+    dim : int
+        Where the new dimension goes (negative counts from the end of the result).
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage.
+    """
+    return unsqueeze(self, dim)
+
+def tensor_squeeze(self, dim=None):
+    """Return a view without dimensions of size 1 (only ``dim``, when given and of size 1).
+
+    Parameters
+    ----------
+    dim : int, optional
+        The one dimension to remove.
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage.
+    """
+    return squeeze(self, dim)
+
+
+TENSOR_METHODS = {"view": tensor_view, "reshape": tensor_reshape, "flatten": tensor_flatten, "transpose": tensor_transpose, "permute": tensor_permute, "expand": tensor_expand, "unsqueeze": tensor_unsqueeze, "squeeze": tensor_squeeze}

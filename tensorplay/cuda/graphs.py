@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overl
 from .._alloc import graph_pool_handle
 from .._cuda import CudaError, current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
+from .._ops import _kernels
 from .._stream import current_stream, stream as use_stream, warmup_stream
+from .._tensor_api import Tensor as _Tensor
 from ..types import CaptureErrorMode, PoolLike, StreamLike
+from . import _dot
 
 if TYPE_CHECKING:
     from .. import Tensor
@@ -195,7 +198,6 @@ class CUDAGraph(CUDAGraphBase):
         """
         import shutil
         import subprocess
-        from . import _dot
         path = os.fspath(path)
         desc = self.describe()
         dot = _dot.to_dot(desc, detailed=getattr(self, "_debug_mode", False),
@@ -220,7 +222,6 @@ class CUDAGraph(CUDAGraphBase):
 
     def _stage_kernels(self):
         """The multi-tensor copy kernels stage_and_launch uses, by table capacity."""
-        from .._ops import _kernels
         dev = self.device_index
         return [(cap, _kernels.cached_function(("multi_copy", cap), dev,
                                                lambda cap=cap: (multi_copy_source(cap), f"tp_multi_copy_{cap}")))
@@ -229,8 +230,7 @@ class CUDAGraph(CUDAGraphBase):
     # ------------------------------------------------------------ conditional nodes
 
     def _check_pred(self, scalar_pred, what):
-        from .._tensor_api import Tensor
-        if not isinstance(scalar_pred, Tensor):
+        if not isinstance(scalar_pred, _Tensor):
             raise TypeError(f"{what}: scalar_pred must be a CUDA bool tensor, got {type(scalar_pred).__name__}")
         if not scalar_pred.is_cuda:
             raise ValueError(f"{what}: scalar_pred must be a CUDA tensor, got a CPU tensor")
@@ -320,7 +320,6 @@ extern "C" __global__ void tp_set_conditional(cudaGraphConditionalHandle handle,
 
 def _set_conditional_function(device):
     """The one-thread kernel that copies a device bool into a conditional handle."""
-    from .._ops import _kernels
     return _kernels.cached_function(("set_conditional",), device,
                                     lambda: (_SET_CONDITIONAL_SOURCE, "tp_set_conditional"))
 
@@ -384,7 +383,6 @@ class graph:
 # ---------------------------------------------------------------- graphed callables
 
 def _flatten_outputs(out: object, where: str) -> Outputs:
-    from .._tensor_api import Tensor as _Tensor
     if isinstance(out, _Tensor):
         return out                                   # type: ignore[return-value]  # the same class
     if isinstance(out, (tuple, list)) and all(isinstance(o, _Tensor) for o in out):
@@ -478,7 +476,6 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
     RuntimeError
         If a callable cannot be captured (a host read such as ``item()``).
     """
-    from .._tensor_api import Tensor as _Tensor
     if callable(callables):
         fns: Sequence[Callable[..., Any]] = (callables,)
         arg_tuples: Sequence[Any] = (sample_args,)
