@@ -9,7 +9,7 @@ from . import _dtypes as dt
 from ._cuda import device_index as _cuda_device_index
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
 from ._tensor import ForeignStorage, dlpack_import, pointer_device
-from ._tensor_api import Tensor, _contiguous_strides, _new_cpu, _new_cuda, tensor
+from ._tensor_api import Tensor, _contiguous_strides, _new_cpu, _new_cuda, register_foreign_converter, tensor
 
 __all__ = ["from_dlpack", "as_tensor"]
 
@@ -167,3 +167,6 @@ def as_tensor(data, dtype=None, device=None):
     if dtype is not None or device is not None:
         t = t.to(dtype=dtype, device=device)
     return t
+
+
+register_foreign_converter(as_tensor)      # operands and copy sources of foreign arrays

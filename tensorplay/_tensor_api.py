@@ -512,15 +512,25 @@ def _download(src):
     return out
 
 
+# Converts a foreign array (CUDA Array Interface or DLPack) to a Tensor; the
+# interop layer above installs it (register_foreign_converter) at import.
+_foreign_converter = [None]
+
+
+def register_foreign_converter(convert):
+    """Install ``convert(obj) -> Tensor`` for operands with
+    ``__cuda_array_interface__`` or ``__dlpack__`` (tensorplay._interop does)."""
+    _foreign_converter[0] = convert
+
+
 def _as_source(src):
     if isinstance(src, Tensor):
         return src
     if isinstance(src, (numbers.Number, np.generic, np.ndarray, list, tuple)):
         arr, _ = _to_numpy_data(src, None)
         return _new_cpu(arr)
-    if hasattr(src, "__cuda_array_interface__") or hasattr(src, "__dlpack__"):
-        from ._interop import as_tensor
-        return as_tensor(src)
+    if (hasattr(src, "__cuda_array_interface__") or hasattr(src, "__dlpack__")) and _foreign_converter[0]:
+        return _foreign_converter[0](src)
     raise TypeError(f"cannot copy from {type(src).__name__}")
 
 

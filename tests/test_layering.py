@@ -17,8 +17,6 @@ ALLOWED = {
     # the package; it reads the version and the driver only when asked
     ("_config.py", "config", "tensorplay"): "report",
     ("_config.py", "show_config", "tensorplay"): "report",
-    # still to cut (issue 19: the import circle)
-    ("_tensor_api.py", "_as_source", "tensorplay._interop"): "cycle",
 }
 
 
