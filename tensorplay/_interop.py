@@ -8,12 +8,11 @@ import numpy as np
 from . import _dtypes as dt
 from ._cuda import device_index as _cuda_device_index
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
-from ._tensor import ForeignStorage, dlpack_import, pointer_device
+from ._tensor import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, ForeignStorage, dlpack_import, pointer_device
 from ._tensor_api import Tensor, _contiguous_strides, _new_cpu, _new_cuda, register_foreign_converter, tensor
 
 __all__ = ["from_dlpack", "as_tensor"]
 
-_DL_CPU, _DL_CUDA = 1, 2
 
 
 def _span_bytes(shape, strides, itemsize):
@@ -64,10 +63,10 @@ def from_dlpack(ext_tensor):
         if not hasattr(obj, "__dlpack__"):
             raise TypeError(f"{type(obj).__name__} does not support DLPack (__dlpack__)")
         dev_type, dev_id = obj.__dlpack_device__()
-        if dev_type == _DL_CPU:
+        if dev_type == DLPACK_DEVICE_CPU:
             arr = np.from_dlpack(obj)
             return _new_cpu(arr)
-        if dev_type != _DL_CUDA:
+        if dev_type != DLPACK_DEVICE_CUDA:
             raise BufferError(f"unsupported DLPack device type {dev_type}")
         dev = _cuda_device_index(int(dev_id))
         s = current_stream_handle_of(dev)
@@ -78,9 +77,9 @@ def from_dlpack(ext_tensor):
             capsule = obj.__dlpack__(stream=stream_arg)
     owner, ptr, shape, strides, (code, bits, lanes), (dev_type, dev_id), _ro = dlpack_import(capsule)
     d = dt.from_dlpack_type(code, bits, lanes)
-    if dev_type == _DL_CPU:
+    if dev_type == DLPACK_DEVICE_CPU:
         raise BufferError("CPU DLPack capsules: pass the producing object instead (NumPy imports them)")
-    if dev_type != _DL_CUDA:
+    if dev_type != DLPACK_DEVICE_CUDA:
         raise BufferError(f"unsupported DLPack device type {dev_type}")
     dev = _cuda_device_index(int(dev_id))
     if strides is None:

@@ -16,7 +16,7 @@ from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
 from ._device import as_device, device as _device_cls
 from ._ops import _kernels
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
-from ._tensor import TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
+from ._tensor import MAX_DIMS, TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
 from ._tensor import host_reads_blocked as _host_reads_blocked
 
 __all__ = ["Tensor", "tensor", "empty", "zeros", "ones", "full", "arange", "empty_like",
@@ -40,8 +40,8 @@ def _parse_size(size):
         if s < 0:
             raise ValueError(f"negative dimension {s} in size {tuple(size)}")
         out.append(s)
-    if len(out) > 32:
-        raise ValueError(f"tensors have at most 32 dimensions, got {len(out)}")
+    if len(out) > MAX_DIMS:
+        raise ValueError(f"tensors have at most {MAX_DIMS} dimensions, got {len(out)}")
     return tuple(out)
 
 

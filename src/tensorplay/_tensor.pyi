@@ -2,6 +2,9 @@
 from typing import Any
 
 CAI_TYPESTR: tuple[str | None, ...]
+MAX_DIMS: int
+DLPACK_DEVICE_CPU: int
+DLPACK_DEVICE_CUDA: int
 
 def itemsize_of(code: int) -> int: ...
 

@@ -16,6 +16,12 @@ from tensorplay._stream cimport current_stream_handle
 from tensorplay._alloc cimport DeviceAllocation, note_capture_use, open_capture_count
 from tensorplay._dlpack cimport *
 
+# the limits and DLPack device codes, for the Python layer (defined once: here
+# and in _tensor.pxd / _dlpack.pxd)
+MAX_DIMS = MAX_NDIM
+DLPACK_DEVICE_CPU = kDLCPU
+DLPACK_DEVICE_CUDA = kDLCUDA
+
 cdef extern from "Python.h":
     int Py_IsInitialized() nogil
     void Py_DecRef(PyObject*)
