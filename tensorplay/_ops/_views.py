@@ -243,6 +243,7 @@ def tensor_view(self, *shape):
     """
     return view(self, parse_view_shape(shape, self.numel()))
 
+
 def tensor_reshape(self, *shape):
     """Return the elements with another shape: a view when the strides allow one, else a copy.
 
@@ -258,6 +259,7 @@ def tensor_reshape(self, *shape):
         A view or a contiguous copy.
     """
     return reshape(self, parse_view_shape(shape, self.numel()))
+
 
 def tensor_flatten(self, start_dim=0, end_dim=-1):
     """Merge dimensions ``start_dim`` to ``end_dim`` (inclusive) into one.
@@ -275,6 +277,7 @@ def tensor_flatten(self, start_dim=0, end_dim=-1):
         A view when the strides allow one, else a copy.
     """
     return flatten(self, start_dim, end_dim)
+
 
 def tensor_transpose(self, dim0, dim1):
     """Return a view with dimensions ``dim0`` and ``dim1`` swapped.
@@ -295,6 +298,7 @@ def tensor_transpose(self, dim0, dim1):
         perm[a], perm[b] = perm[b], perm[a]
     return permute(self, perm)
 
+
 def tensor_permute(self, *dims):
     """Return a view with the dimensions in the order ``dims``.
 
@@ -313,9 +317,11 @@ def tensor_permute(self, *dims):
         dims = tuple(dims[0])
     return permute(self, [self._dim(d) for d in dims])
 
+
 def tensor_T(self):
     """This tensor with its dimensions reversed (a view; the transpose of a matrix)."""
     return self.permute(*reversed(range(self.ndim)))
+
 
 def tensor_expand(self, *shape):
     """Return a view broadcast to ``shape`` (size-1 dimensions repeat with stride 0).
@@ -335,6 +341,7 @@ def tensor_expand(self, *shape):
         shape = tuple(shape[0])
     return expand(self, shape)
 
+
 def tensor_unsqueeze(self, dim):
     """Return a view with a new dimension of size 1 at ``dim``.
 
@@ -349,6 +356,7 @@ def tensor_unsqueeze(self, dim):
         A view sharing this tensor's storage.
     """
     return unsqueeze(self, dim)
+
 
 def tensor_squeeze(self, dim=None):
     """Return a view without dimensions of size 1 (only ``dim``, when given and of size 1).
