@@ -35,7 +35,7 @@ from . import return_types as return_types
 from . import types as types
 from ._device import device as device
 from ._dtypes import dtype as dtype
-from ._nvrtc import NVRTCError as NVRTCError
+from ._kernels.nvrtc import NVRTCError as NVRTCError
 from ._stream import Stream
 from ._tensor import TensorBase
 from .cuda._custom import ElementwiseKernel as ElementwiseKernel, RawKernel as RawKernel

@@ -9,7 +9,7 @@ from ._dtypes import (ALL_DTYPES, bfloat16, bool_, dtype, float16, float32, floa
                       int32, int64, uint8)
 from ._interop import as_tensor, from_dlpack
 from ._config import config, show_config
-from ._nvrtc import NVRTCError
+from ._kernels.nvrtc import NVRTCError
 from ._version import __version__  # written by meson from meson.build
 from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
                       ones_like, tensor, zeros, zeros_like)

@@ -9,6 +9,10 @@ import platform
 import sys
 from typing import IO, Any
 
+from . import _cuda, cuda
+from ._kernels import nvrtc as _nvrtc
+from ._version import __version__
+
 # The distributions tensorplay runs on, by their names on PyPI; nvidia-cublas
 # is optional (matrix products load it when it is installed).
 DISTRIBUTIONS = ("numpy", "ml_dtypes", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc",
@@ -61,8 +65,6 @@ def config() -> dict[str, Any]:
     (folder, files, bytes) and ``env`` (the environment variables tensorplay
     reads, None when unset). Works without a GPU.
     """
-    from . import __version__, cuda
-    from . import _cuda, _nvrtc
     info: dict[str, Any] = {"tensorplay": __version__, "python": sys.version.split()[0],
                   "platform": platform.platform()}
     for name in DISTRIBUTIONS:
@@ -101,7 +103,6 @@ def show_config(file: IO[str] | None = None) -> None:
     file : file-like, optional
         Where to print; default ``sys.stdout``.
     """
-    from . import _cuda
     info = config()
     out = file or sys.stdout
     cache = info["kernel_cache"]

@@ -13,7 +13,7 @@ def count_fuzzed_call(n=1):
     """Count fuzzed calls; conftest prints the total at the end of the run."""
     FUZZED_CALLS[0] += n
 
-from tensorplay._ops import _kernels
+from tensorplay._kernels import cache as _kernels
 
 SPIN_SOURCE = r"""
 extern "C" __global__ void tp_test_spin(long long cycles, int* flag) {

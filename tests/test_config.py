@@ -13,7 +13,8 @@ import traceback
 import pytest
 
 import tensorplay as tp
-from tensorplay import _cuda, _nvrtc
+from tensorplay import _cuda
+from tensorplay._kernels import nvrtc as _nvrtc
 from conftest import HAS_CUDA
 
 ARCH = 90

@@ -10,8 +10,8 @@ import random
 import pytest
 
 import tensorplay as tp
-from tensorplay import _nvrtc
-from tensorplay._ops import _codegen, _kernels
+from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._kernels import cache as _kernels, codegen as _codegen
 
 ARCH = 90
 

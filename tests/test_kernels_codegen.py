@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import tensorplay as tp
-from tensorplay import _nvrtc
-from tensorplay._ops import _codegen
+from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._kernels import codegen as _codegen
 
 ARCH = 90
 
@@ -49,7 +49,7 @@ def test_compile_errors_carry_the_log():
 
 def test_disk_cache_is_used_by_a_new_process(tmp_path):
     src = 'extern "C" __global__ void cached_kernel(int* x) { x[0] = %d; }' % os.getpid()
-    code = ("import tensorplay._nvrtc as n, sys\n"
+    code = ("import tensorplay._kernels.nvrtc as n, sys\n"
             f"n.compile_cubin({src!r}, arch={ARCH})\n"
             "print(n.cache_stats()['compiled'], n.cache_stats()['disk_hits'])\n")
     env = dict(os.environ, TENSORPLAY_CACHE_DIR=str(tmp_path))

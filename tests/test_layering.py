@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The import structure of the pure-Python layer: no module of tensorplay
 imports another one of tensorplay inside a function (an import cycle hidden
-from the reader), except the lazy loads listed here, each with its reason;
-the list only shrinks (issue 19 cuts what remains of the cycle)."""
+from the reader), except lazy loads listed here with their reason."""
 
 import ast
 import pathlib
@@ -12,11 +11,8 @@ import tensorplay
 ROOT = pathlib.Path(tensorplay.__file__).parent
 
 # (file, function, imported module) -> why it stays lazy
-ALLOWED = {
-    # the configuration is imported by tensorplay/__init__ before the rest of
-    # the package; it reads the version and the driver only when asked
-    ("_config.py", "config", "tensorplay"): "report",
-    ("_config.py", "show_config", "tensorplay"): "report",
+ALLOWED: dict = {
+    # none left; an optional dependency loaded lazily would be listed here
 }
 
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay import _nvrtc
-from tensorplay._ops import _codegen, _elementwise, _indexing, _kernels, _reduce
+from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._kernels import cache as _kernels, codegen as _codegen
+from tensorplay._ops import _elementwise, _indexing, _reduce
 from tensorplay.cuda import _custom
 
 ARCH = 90

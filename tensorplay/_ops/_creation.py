@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _dtypes as dt
 from .._tensor_api import Tensor, _resolve_device, empty, tensor
-from . import _kernels
+from .._kernels import cache as _kernels
 from ._promotion import result_type
 
 

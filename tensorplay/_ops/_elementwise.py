@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _dtypes as dt
 from .._tensor_api import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
-from . import _codegen, _kernels
+from .._kernels import cache as _kernels, codegen as _codegen
 from ._promotion import can_cast, result_type
 
 # ------------------------------------------------------------------ C helpers

@@ -19,7 +19,7 @@ from .. import _dtypes as dt
 from .._tensor_api import Tensor, _as_source, _empty_cuda, copy_into, device_error_checks, empty, tensor
 from .._tensor import memcpy_dtoh, memset_d8_async
 from .._stream import current_stream_handle_of
-from . import _kernels
+from .._kernels import cache as _kernels
 from ._elementwise import where
 from ._views import getitem as basic_getitem
 

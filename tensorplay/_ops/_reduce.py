@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _dtypes as dt, return_types
 from .._tensor_api import Tensor, _empty_cuda, empty, full
-from . import _codegen, _kernels
+from .._kernels import cache as _kernels, codegen as _codegen
 from ._elementwise import apply
 from ._views import permute
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..types import DeviceLike
 
-from .. import _nvrtc
+from .._kernels import nvrtc as _nvrtc
 from .._cublaslt import CublasError
 from .._ops._blas import CublasUnavailableError
 from .._alloc import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overl
 from .._alloc import graph_pool_handle
 from .._cuda import CudaError, current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
-from .._ops import _kernels
+from .._kernels import graph_kernels
 from .._stream import current_stream, stream as use_stream, warmup_stream
 from .._tensor_api import Tensor as _Tensor
 from ..types import CaptureErrorMode, PoolLike, StreamLike
@@ -223,9 +223,7 @@ class CUDAGraph(CUDAGraphBase):
     def _stage_kernels(self):
         """The multi-tensor copy kernels stage_and_launch uses, by table capacity."""
         dev = self.device_index
-        return [(cap, _kernels.cached_function(("multi_copy", cap), dev,
-                                               lambda cap=cap: (multi_copy_source(cap), f"tp_multi_copy_{cap}")))
-                for cap in STAGE_CAPACITIES]
+        return [(cap, graph_kernels.multi_copy_function(cap, dev)) for cap in STAGE_CAPACITIES]
 
     # ------------------------------------------------------------ conditional nodes
 
@@ -246,7 +244,7 @@ class CUDAGraph(CUDAGraphBase):
         if driver_version() < (12, 4):
             raise RuntimeError(f"{what}: conditional graph nodes need a CUDA 12.4 or newer driver, "
                                f"this one is {'.'.join(map(str, driver_version()))}")
-        self._set_conditional_kernel(_set_conditional_function(self.device_index))
+        self._set_conditional_kernel(graph_kernels.set_conditional_function(self.device_index))
         return scalar_pred
 
     def begin_capture_to_if_node(self, scalar_pred: Tensor) -> None:
@@ -282,46 +280,6 @@ class CUDAGraph(CUDAGraphBase):
 
 
 STAGE_CAPACITIES = (8, 32, 128)     # table sizes; 128 entries keep the parameters under 4 KiB
-
-
-def multi_copy_source(capacity: int) -> str:
-    """A kernel copying up to ``capacity`` (src, dst, nbytes) entries given in its
-    parameters; blockIdx.y picks the entry, 16-byte moves when aligned."""
-    return f"""
-struct tp_entry {{ const unsigned char* src; unsigned char* dst; unsigned long long nbytes; }};
-struct tp_table_{capacity} {{ unsigned long long n; tp_entry e[{capacity}]; }};
-extern "C" __global__ void tp_multi_copy_{capacity}(tp_table_{capacity} t) {{
-  unsigned int k = blockIdx.y;
-  if (k >= t.n) return;
-  const unsigned char* s = t.e[k].src;
-  unsigned char* d = t.e[k].dst;
-  unsigned long long nb = t.e[k].nbytes;
-  unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-  if ((((unsigned long long)s | (unsigned long long)d | nb) & 15ULL) == 0) {{
-    const uint4* s4 = (const uint4*)s;
-    uint4* d4 = (uint4*)d;
-    for (unsigned long long j = tid; j < nb / 16; j += stride) d4[j] = s4[j];
-  }} else {{
-    for (unsigned long long j = tid; j < nb; j += stride) d[j] = s[j];
-  }}
-}}
-"""
-
-
-_SET_CONDITIONAL_SOURCE = r"""
-typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
-extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);
-extern "C" __global__ void tp_set_conditional(cudaGraphConditionalHandle handle, const bool* pred) {
-  cudaGraphSetConditional(handle, *pred ? 1u : 0u);
-}
-"""
-
-
-def _set_conditional_function(device):
-    """The one-thread kernel that copies a device bool into a conditional handle."""
-    return _kernels.cached_function(("set_conditional",), device,
-                                    lambda: (_SET_CONDITIONAL_SOURCE, "tp_set_conditional"))
 
 
 def is_current_stream_capturing() -> bool:

@@ -12,11 +12,10 @@ import re
 import struct
 import threading
 
-from .. import _nvrtc
 from .._cuda import get_device_capability, get_device_properties
 from .._kernel import Module
 from .._stream import current_stream_handle_of
-from . import _codegen
+from . import codegen as _codegen, nvrtc as _nvrtc
 
 BLOCK = 256
 
