@@ -42,6 +42,15 @@ def random_array(shape, dtype, rng, low=-50, high=50):
     return rng.uniform(low, high, size=shape).astype(d.numpy_dtype)
 
 
+def activation_reference(r, activation):
+    """NumPy's ReLU or GELU (tanh approximation, as cuBLASLt's epilogue) of ``r``."""
+    if activation == "relu":
+        return np.maximum(r, 0)
+    if activation == "gelu":
+        return 0.5 * r * (1 + np.tanh(np.sqrt(2 / np.pi) * (r + 0.044715 * r ** 3)))
+    return r
+
+
 @pytest.fixture(autouse=True)
 def _fresh_launch_plans():
     """Launch plans cache kernels; tests that fake the kernels must not leak them."""

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
+from conftest import activation_reference
 from tensorplay._ops import _blas, _linalg
 
 
@@ -152,21 +153,13 @@ def test_tf32_switches_mirror_each_other():
 
 # ------------------------------------------------------------------ CPU values
 
-def _ref_activation(r, activation):
-    if activation == "relu":
-        return np.maximum(r, 0)
-    if activation == "gelu":
-        return 0.5 * r * (1 + np.tanh(np.sqrt(2 / np.pi) * (r + 0.044715 * r ** 3)))
-    return r
-
-
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 @pytest.mark.parametrize("bias_shape", [(5,), (1, 5), (3, 1), (3, 5), ()])
 def test_addmm_on_cpu(rng, activation, bias_shape):
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
     bias = rng.standard_normal(bias_shape)
     got = tp.addmm(tp.tensor(bias), tp.tensor(a), tp.tensor(b), beta=0.5, alpha=2.0, activation=activation)
-    np.testing.assert_allclose(got.numpy(), _ref_activation(0.5 * bias + 2.0 * (a @ b), activation), rtol=1e-12)
+    np.testing.assert_allclose(got.numpy(), activation_reference(0.5 * bias + 2.0 * (a @ b), activation), rtol=1e-12)
     assert tp.tensor(bias).addmm(tp.tensor(a), tp.tensor(b)).shape == (3, 5)
 
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
+from conftest import activation_reference
 from tensorplay import _cublaslt
-from tensorplay._ops import _blas, _linalg
+from tensorplay._ops import _blas
 
 pytestmark = pytest.mark.cuda
 
@@ -134,14 +135,6 @@ def test_mv(rng):
     _check(tp.mv(a.T, a[:, 0]), an.T @ an[:, 0], tp.float32, 300)     # strided vector
 
 
-def _act(r, activation):
-    if activation == "relu":
-        return np.maximum(r, 0)
-    if activation == "gelu":
-        return 0.5 * r * (1 + np.tanh(np.sqrt(2 / np.pi) * (r + 0.044715 * r ** 3)))
-    return r
-
-
 @pytest.mark.parametrize("d", FLOATS)
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 @pytest.mark.parametrize("bias_shape", [(37,), (1, 37), (29, 1), (29, 37), ()])
@@ -151,7 +144,7 @@ def test_addmm_matches_numpy(rng, d, activation, bias_shape):
     bias, biasn = _cuda(rng, bias_shape, d)
     for beta, alpha in ((1, 1), (1, 0.5), (0.5, 2.0), (0, 1)):
         got = tp.addmm(bias, a, b, beta=beta, alpha=alpha, activation=activation)
-        ref = _act((beta * biasn if beta else 0) + alpha * (an @ bn), activation)
+        ref = activation_reference((beta * biasn if beta else 0) + alpha * (an @ bn), activation)
         _check(got, ref, d, 64)
 
 
@@ -163,8 +156,8 @@ def test_linear_matches_numpy(rng, d, activation):
     bias, biasn = _cuda(rng, (384,), d)
     got = tp.linear(x, w, bias, activation=activation)
     assert got.shape == (2, 33, 384)
-    _check(got, _act(xn @ wn.T + biasn, activation), d, 256)
-    _check(tp.linear(x, w, activation=activation), _act(xn @ wn.T, activation), d, 256)
+    _check(got, activation_reference(xn @ wn.T + biasn, activation), d, 256)
+    _check(tp.linear(x, w, activation=activation), activation_reference(xn @ wn.T, activation), d, 256)
     _check(tp.linear(x[0, 0], w, bias), xn[0, 0] @ wn.T + biasn, d, 256)
     # a sliced input (batch of rows with a padded pitch) still reads in place
     _check(tp.linear(x[:, :, :128], w[:, :128]), xn[:, :, :128] @ wn[:, :128].T, d, 128)
