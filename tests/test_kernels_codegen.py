@@ -12,7 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._kernels import cache, graph_kernels
 from tensorplay._kernels import codegen as _codegen
+from tensorplay.cuda.graphs import STAGE_CAPACITIES
 
 ARCH = 90
 
@@ -90,3 +92,17 @@ def test_collapse_dims_preserves_every_offset(shape, data):
     cshape, cstrides = _codegen.collapse_dims(tuple(shape), strides_list)
     for st_orig, st_new in zip(strides_list, cstrides):
         assert _offsets(tuple(shape), st_orig) == _offsets(cshape, st_new)
+
+
+def test_graph_layer_kernels_compile(monkeypatch):
+    """stage_and_launch's multi-copy kernels (every table capacity) and the
+    conditional-handle setter generate sources NVRTC compiles."""
+    made = []
+    monkeypatch.setattr(cache, "cached_function", lambda key, dev, make: made.append((key, make())))
+    for cap in STAGE_CAPACITIES:
+        graph_kernels.multi_copy_function(cap, 0)
+    graph_kernels.set_conditional_function(0)
+    assert [k for k, _ in made] == [("multi_copy", c) for c in STAGE_CAPACITIES] + [("set_conditional",)]
+    for _, (src, name) in made:
+        assert f"void {name}(" in src
+        assert _nvrtc.compile_cubin(src, name + ".cu", (), ARCH)[:4] == b"\x7fELF"
