@@ -390,10 +390,9 @@ def workspace(int device, uintptr_t stream, size_t nbytes):
     captures into one of our pools, the capture's own (from its pool, kept
     until the capture ends, then reusable by later captures sharing the pool);
     otherwise the stream's, allocated once from the device pool."""
-    if open_capture_count():
-        mem = _allocator_of(device).capture_scratch(stream, "cublaslt-workspace", nbytes)
-        if mem is not None:
-            return mem
+    mem = capture_workspace(device, stream, nbytes)
+    if mem is not None:
+        return mem
     key = (device, stream)
     mem = _stream_workspaces.get(key)
     if mem is None or mem.size < nbytes:

@@ -15,6 +15,7 @@ is copied first.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 
@@ -153,6 +154,27 @@ def as_column_major(rows, cols, row_stride, col_stride):
     return None
 
 
+def output_layout(M, N, d_strides, row_major_d=False):
+    """How cuBLASLt writes ``D`` (M x N, (row, column) strides): ``(True, ld)``
+    row-major (computed as D^T), ``(False, ld)`` column-major, or None when
+    it can't (no unit stride, or not row-major while ``row_major_d`` asks)."""
+    d_row = as_column_major(N, M, d_strides[1], d_strides[0])     # D^T column-major
+    if d_row is not None and not d_row[0]:
+        return True, d_row[1]
+    if row_major_d:
+        return None
+    return as_column_major(M, N, d_strides[0], d_strides[1])
+
+
+def output_batch_stride(shape, strides):
+    """The one batch stride of an output's batch dimensions, or None when they
+    don't collapse or would overlap (a zero stride over more than one matrix)."""
+    stride = collapse_batch(shape, strides)
+    if stride is None or (stride == 0 and math.prod(shape) > 1):
+        return None
+    return stride
+
+
 def gemm_layout(M, N, K, a_strides, b_strides, d_strides, row_major_d=False):
     """cuBLASLt's view of ``D (M x N) = A (M x K) @ B (K x N)`` given each
     matrix's (row, column) strides in elements.
@@ -164,16 +186,10 @@ def gemm_layout(M, N, K, a_strides, b_strides, d_strides, row_major_d=False):
     a bias epilogue runs along cuBLASLt's m). An operand whose layout cuBLASLt
     can't take is named in ``copy`` ('a', 'b') and must be made contiguous
     (its entries then assume that)."""
-    d_row = as_column_major(N, M, d_strides[1], d_strides[0])     # D^T column-major
-    if d_row is not None and not d_row[0]:
-        d_transposed, ldd = True, d_row[1]
-    elif row_major_d:
+    d_layout = output_layout(M, N, d_strides, row_major_d)
+    if d_layout is None:
         return None
-    else:
-        d_col = as_column_major(M, N, d_strides[0], d_strides[1])
-        if d_col is None:
-            return None
-        d_transposed, ldd = d_col
+    d_transposed, ldd = d_layout
     copy = []
     if d_transposed:
         # D is row-major: D^T (N x M, column-major) = B^T (N x K) @ A^T (K x M)

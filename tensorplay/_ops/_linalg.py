@@ -19,6 +19,7 @@ from .. import _cublaslt as _lt, _dtypes as dt
 from .._stream import current_stream_handle_of
 from .._tensor_api import Tensor, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from . import _blas
+from ._elementwise import _numpy_compute_dtype
 
 _FLOATS = (dt.float16, dt.bfloat16, dt.float32, dt.float64)
 ACTIVATIONS = (None, "relu", "gelu")
@@ -135,8 +136,8 @@ def _make_plan(d, dev, M, N, K, batch, a_ptr, a_strides, b_ptr, b_strides, d_ptr
         return None
     sa = _blas.collapse_batch(batch, a_strides[:-2])
     sb = _blas.collapse_batch(batch, b_strides[:-2])
-    sd = _blas.collapse_batch(batch, d_strides[:-2])
-    if sd is None or (sd == 0 and math.prod(batch) > 1):
+    sd = _blas.output_batch_stride(batch, d_strides[:-2])
+    if sd is None:
         return None
     copy = {name: "dense" for name in lay["copy"]}
     if sa is None:
@@ -233,16 +234,8 @@ def _writable(d, row_major):
     """Whether cuBLASLt can write ``d`` (batch..., M, N) in place: a unit
     stride in its matrix (row-major when ``row_major``) and batch dimensions
     that collapse into one nonzero stride."""
-    if d.numel() == 0:
-        return False
-    rows, cols = d.shape[-2:]
-    rs, cs = d.strides[-2:]
-    row = _blas.as_column_major(cols, rows, cs, rs)
-    if row is None or row[0]:
-        if row_major or _blas.as_column_major(rows, cols, rs, cs) is None:
-            return False
-    sd = _blas.collapse_batch(d.shape[:-2], d.strides[:-2])
-    return sd is not None and (sd != 0 or math.prod(d.shape[:-2]) <= 1)
+    return (d.numel() > 0 and _blas.output_layout(*d.shape[-2:], d.strides[-2:], row_major) is not None
+            and _blas.output_batch_stride(d.shape[:-2], d.strides[:-2]) is not None)
 
 
 def _as_matrices(t, a_is_vector, b_is_vector):
@@ -255,10 +248,6 @@ def _as_matrices(t, a_is_vector, b_is_vector):
 
 
 # ------------------------------------------------------------------ matmul
-
-def _numpy_compute(d):
-    return np.float32 if d in (dt.float16, dt.bfloat16) else d.numpy_dtype
-
 
 def _matmul_shapes(a, b):
     if a.ndim == 0 or b.ndim == 0:
@@ -321,7 +310,7 @@ def matmul(input, other, *, out=None):
     batch, M, N, K, final = _matmul_shapes(a, b)
     _check_out("matmul", out, final, a.dtype)
     if a.is_cpu:
-        r = np.matmul(a.numpy().astype(_numpy_compute(a.dtype)), b.numpy().astype(_numpy_compute(a.dtype)))
+        r = np.matmul(a.numpy().astype(_numpy_compute_dtype(a.dtype)), b.numpy().astype(_numpy_compute_dtype(a.dtype)))
         res = out if out is not None else empty(final, dtype=a.dtype)
         np.copyto(res.numpy(), np.asarray(r).reshape(final), casting="unsafe")
         return res
@@ -413,42 +402,41 @@ def _addmm_cuda(bias, a, b, M, N, K, beta, alpha, activation, out, shape):
     res = out if out is not None and _writable(out, True) else _empty_cuda(shape, d, dev)
     if res.numel() == 0:
         return res, None
-    d2 = res
     # cuBLASLt's GELU epilogue computes its tanh in lower precision than float64
     fused = activation if not (activation == "gelu" and d is dt.float64) else None
     bias_ptr = _bias_vector(bias, N) if (beta == 1 and bias is not None and K > 0) else 0
     if bias_ptr:
         try:
-            plan = _product(a, b, (), M, N, K, d2, _epilogue(fused, True), bias_ptr, alpha, 0.0,
+            plan = _product(a, b, (), M, N, K, res, _epilogue(fused, True), bias_ptr, alpha, 0.0,
                             row_major_d=True)
             if fused != activation:
-                _activate(d2, activation)
+                _activate(res, activation)
                 plan = None
             return res, plan
         except lt.CublasError as exc:
             if exc.status != 15:          # no algorithm with this epilogue: unfused below
                 raise
     if bias is not None and beta != 0:
-        d2.copy_(bias.expand(M, N))
+        res.copy_(bias.expand(M, N))
         c_beta = float(beta)
     else:
         c_beta = 0.0
     if K == 0:
         if c_beta == 0.0:
-            d2.zero_()
+            res.zero_()
         elif c_beta != 1.0:
-            d2.mul_(c_beta)
-        _activate(d2, activation)
+            res.mul_(c_beta)
+        _activate(res, activation)
         return res, None
     try:
-        plan = _product(a, b, (), M, N, K, d2, _epilogue(fused, False), 0, alpha, c_beta)
+        plan = _product(a, b, (), M, N, K, res, _epilogue(fused, False), 0, alpha, c_beta)
     except lt.CublasError as exc:
         if exc.status != 15 or fused is None:
             raise
-        _product(a, b, (), M, N, K, d2, None, 0, alpha, c_beta)
+        _product(a, b, (), M, N, K, res, None, 0, alpha, c_beta)
         fused = plan = None
     if fused != activation:
-        _activate(d2, activation)
+        _activate(res, activation)
         plan = None
     return res, (plan if c_beta == 0.0 else None)
 
@@ -510,7 +498,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
         raise ValueError(f"addmm: input of shape {bias.shape} does not broadcast to {(M, N)}") from None
     _check_out("addmm", out, (M, N), a.dtype)
     if a.is_cpu:
-        cd = _numpy_compute(a.dtype)
+        cd = _numpy_compute_dtype(a.dtype)
         r = float(alpha) * (a.numpy().astype(cd) @ b.numpy().astype(cd))
         if beta != 0:
             r = r + float(beta) * bias.numpy().astype(cd)
@@ -587,7 +575,7 @@ def linear(input, weight, bias=None, *, activation=None):
 
 def _product_activated(a, b, activation):
     """(a @ b), activated, on CPU tensors."""
-    cd = _numpy_compute(a.dtype)
+    cd = _numpy_compute_dtype(a.dtype)
     r = _activate_numpy(a.numpy().astype(cd) @ b.numpy().astype(cd), activation)
     res = empty(r.shape, dtype=a.dtype)
     np.copyto(res.numpy(), r, casting="unsafe")
