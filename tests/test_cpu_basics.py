@@ -262,3 +262,22 @@ def test_show_config_reports_versions(capsys):
 def test_package_ships_its_typing_marker():
     import importlib.resources
     assert importlib.resources.files("tensorplay").joinpath("py.typed").is_file()
+
+
+def test_capture_errors_name_the_open_captures():
+    """A capture-related CUresult's error carries the graph layer's
+    description of the open captures; other errors do not."""
+    from cuda.bindings import driver
+    from tensorplay import _cuda, _graph
+    assert _cuda.describe_open_captures() == ""          # none open
+    _cuda.set_open_capture_describer(lambda: "CUDAGraph at 0x1 is capturing")
+    try:
+        err = _cuda.make_error(int(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED))
+        assert "CUDAGraph at 0x1 is capturing" in str(err)
+        assert err.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        assert "CUDAGraph" not in str(_cuda.make_error(int(driver.CUresult.CUDA_ERROR_INVALID_VALUE)))
+        _cuda.set_open_capture_describer(lambda: 1 / 0)
+        assert _cuda.describe_open_captures() == ""      # a broken describer hides nothing
+        assert "CAPTURE" in str(_cuda.make_error(int(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)))
+    finally:
+        _cuda.set_open_capture_describer(_graph._describe_open_captures)

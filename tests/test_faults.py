@@ -5,11 +5,14 @@ capture correct (GPU)."""
 import gc
 import os
 import signal
+import sys
+import threading
 import traceback
 
 import pytest
 
 import tensorplay as tp
+from tensorplay._graph import open_captures
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda
@@ -145,4 +148,102 @@ def test_keyboard_interrupt_during_a_long_capture():
                 if k == 1000:
                     os.kill(os.getpid(), signal.SIGINT)     # delivered as KeyboardInterrupt
     _clean()
+    _fresh_capture_works()
+
+
+# ---------------------------------------------------------------- captures outliving their graph
+
+def _eager_upload_works():
+    t = tp.tensor([1.0, 2.0, 3.0], device="cuda")      # a pageable host copy: forbidden in a capture
+    assert (t * 2).tolist() == [2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("in_a_cycle", [False, True])
+def test_a_graph_dropped_mid_capture_ends_its_capture(in_a_cycle):
+    """cuda.core's test_graph_gc_mid_capture: the collector ends the capture
+    of a graph nobody ended, with a ResourceWarning, and restores the stream."""
+    x = tp.ones(1 << 20, device="cuda")
+    (x * 2).sum()
+    tp.cuda.synchronize()
+    g = CUDAGraph()
+    g.capture_begin()
+    y = x * 2
+    if in_a_cycle:
+        g.self_reference = g                 # only the cycle collector can free it
+    assert tp.cuda.is_current_stream_capturing()
+    with pytest.warns(ResourceWarning, match="destroyed while capturing"):
+        del g
+        gc.collect()
+    _clean()
+    assert open_captures() == []
+    del y
+    _eager_upload_works()
+    _fresh_capture_works()
+
+
+def test_an_exception_unwinding_past_an_open_capture():
+    x = tp.ones(4096, device="cuda")
+    (x + 1).sum()
+    tp.cuda.synchronize()
+
+    def forgets_to_end():
+        g = CUDAGraph()
+        g.capture_begin()
+        x.add_(1)
+        raise Boom()
+
+    with pytest.warns(ResourceWarning):
+        try:
+            forgets_to_end()
+        except Boom:
+            pass
+        gc.collect()
+    _clean()
+    _eager_upload_works()
+    _fresh_capture_works()
+
+
+def test_a_second_capture_names_the_open_one():
+    """While a global-mode capture is open, another capture_begin says which
+    graph captures, on which stream and thread, since where, and how to end it."""
+    x = tp.ones(16, device="cuda")
+    (x + 1).sum()
+    tp.cuda.synchronize()
+    g1, g2 = CUDAGraph(), CUDAGraph()
+    g1.capture_begin(); line = sys._getframe().f_lineno   # noqa: E702 - the call site is this line
+    try:
+        with pytest.raises(RuntimeError) as info:
+            g2.capture_begin()
+        msg = str(info.value)
+        assert f"CUDAGraph at {id(g1):#x}" in msg
+        assert f"{g1.capture_stream.handle:#x}" in msg
+        assert threading.current_thread().name in msg
+        assert f"{__file__}:{line}" in msg
+        assert "capture_end()" in msg
+        assert not g2.is_capturing
+        y = x + 1
+    finally:
+        g1.capture_end()
+    g1.replay()
+    assert y.tolist() == [2.0] * 16
+    _clean()
+    _fresh_capture_works()
+
+
+def test_a_call_the_capture_forbids_names_the_open_capture():
+    x = tp.ones(16, device="cuda")
+    (x + 1).sum()
+    tp.cuda.synchronize()
+    g = CUDAGraph()
+    with pytest.raises(tp.cuda.CudaError) as info:
+        with tp.cuda.graph(g):
+            y = x + 1
+            tp.cuda.synchronize()             # forbidden while capturing
+    msg = str(info.value)
+    assert "CAPTURE" in info.value.name
+    assert f"CUDAGraph at {id(g):#x}" in msg and "test_faults.py" in msg, msg
+    traceback.clear_frames(info.value.__traceback__)
+    del y
+    _clean()
+    assert open_captures() == []
     _fresh_capture_works()

@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._graph import live_graph_objects
 from tensorplay.cuda import CUDAGraph
 from gpu_helpers import spin
 
 pytestmark = pytest.mark.cuda
 MiB = 1 << 20
+
+
+def _graph_objects():
+    live = tp.cuda.live_driver_objects()
+    return live["graphs"], live["execs"]
 
 
 def _warm(f, *args):
@@ -212,7 +216,7 @@ def test_capture_replay_reset_cycles_leak_nothing():
     tp.cuda.empty_cache()
     base_reserved = tp.cuda.memory_reserved()
     base_alloc = tp.cuda.memory_allocated()
-    base_live = live_graph_objects()
+    base_live = _graph_objects()
     g = CUDAGraph()
     for k in range(100):
         with tp.cuda.graph(g):
@@ -227,7 +231,7 @@ def test_capture_replay_reset_cycles_leak_nothing():
     tp.cuda.empty_cache()
     assert tp.cuda.memory_allocated() == base_alloc
     assert tp.cuda.memory_reserved() == base_reserved
-    assert live_graph_objects() == base_live
+    assert _graph_objects() == base_live
 
 
 def test_memory_of_a_reset_graph_stays_valid_under_live_tensors():

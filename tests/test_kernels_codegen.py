@@ -14,7 +14,7 @@ import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
 from tensorplay._kernels import cache, graph_kernels
 from tensorplay._kernels import codegen as _codegen
-from tensorplay.cuda.graphs import STAGE_CAPACITIES
+from tensorplay._stager import STAGE_CAPACITIES
 
 ARCH = 90
 

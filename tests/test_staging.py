@@ -11,6 +11,11 @@ from tensorplay.cuda import CUDAGraph
 pytestmark = pytest.mark.cuda
 
 
+def _graph_objects():
+    live = tp.cuda.live_driver_objects()
+    return live["graphs"], live["execs"]
+
+
 def _graph_sum(statics):
     """A graph computing out = sum of statics (each of shape (n,))."""
     out = tp.zeros(statics[0].shape, device="cuda")
@@ -169,14 +174,14 @@ def test_one_launch_staging_keeps_replay_and_describe_as_captured(rng):
     """The staged executable (copy node + graph) is separate: replay() never
     copies, describe() shows only captured work, table sizes can change, and
     reset() destroys what staging built."""
-    from tensorplay._graph import live_graph_objects
-    base = live_graph_objects()
+    base = _graph_objects()
     statics = [tp.zeros(256, device="cuda") for _ in range(20)]
     g, out = _graph_sum(statics)
     nodes = len(g.describe()["nodes"])
-    for n in (1, 20, 3, 20):                  # capacities 8, 32, 8, 32: the staged node is rebuilt
+    for n in (1, 20, 3, 20):                  # other lists of static inputs: a stager each
         data = [rng.standard_normal(256).astype(np.float32) for _ in range(n)]
         g.stage_and_launch(statics[:n], [tp.tensor(d, device="cuda") for d in data])
+        assert g._stages_in_one_launch
         want = np.sum(data, axis=0) + sum(s.numpy() for s in statics[n:])
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
     before = [s.numpy().copy() for s in statics]
@@ -184,4 +189,50 @@ def test_one_launch_staging_keeps_replay_and_describe_as_captured(rng):
     assert all(np.array_equal(s.numpy(), b) for s, b in zip(statics, before))
     assert len(g.describe()["nodes"]) == nodes
     g.reset()
-    assert live_graph_objects() == base
+    assert _graph_objects() == base
+
+
+def test_staging_builds_once_per_list_of_static_inputs(rng):
+    """Alternating 9 and 8 pairs the copy kernel takes (one input made
+    non-contiguous) reuses one staged executable; values stay right."""
+    from tensorplay._stager import staged_builds
+    statics = [tp.zeros(512, device="cuda") for _ in range(9)]
+    g, out = _graph_sum(statics)
+    data = [rng.standard_normal(512).astype(np.float32) for _ in range(9)]
+    dense = [tp.tensor(d, device="cuda") for d in data]
+    strided = tp.tensor(np.repeat(data[4], 2), device="cuda")[::2]   # same values, stride 2
+    assert not strided.is_contiguous()
+    g.stage_and_launch(statics, dense)
+    builds = staged_builds()
+    for k in range(10):
+        inputs = list(dense)
+        if k % 2:
+            inputs[4] = strided               # 8 fast pairs and one copy_
+        scale = float(k + 1)
+        inputs[0] = dense[0] * scale
+        g.stage_and_launch(statics, inputs)
+        want = np.sum(data, axis=0) + (scale - 1.0) * data[0]
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert staged_builds() == builds
+    assert g._stages_in_one_launch
+
+
+def test_staging_a_graph_with_conditional_nodes(rng):
+    """The driver clones no graph with conditional nodes: staging launches
+    the copy kernel, then the graph, with the same results."""
+    x = tp.zeros(1024, device="cuda")
+    flag = tp.tensor([True], device="cuda")
+    out = tp.zeros(1024, device="cuda")
+    (x * 2.0).add_(1.0)
+    tp.cuda.synchronize()
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        out.copy_(x)
+        g.begin_capture_to_if_node(flag)
+        out.mul_(2.0)
+        g.end_capture_to_conditional_node()
+    for value in (True, False, True):
+        d = rng.standard_normal(1024).astype(np.float32)
+        g.stage_and_launch([x, flag], [tp.tensor(d, device="cuda"), tp.tensor([value], device="cuda")])
+        np.testing.assert_allclose(out.numpy(), d * 2.0 if value else d, rtol=1e-6)
+    assert not g._stages_in_one_launch

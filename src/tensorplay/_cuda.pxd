@@ -4,6 +4,17 @@ from cuda.bindings cimport cydriver
 cdef enum:
     MAX_DEVICES = 64
 
+# Kinds of driver objects counted while alive (leak checks): one counter each.
+cdef enum LiveKind:
+    LIVE_STREAMS = 0
+    LIVE_EVENTS = 1
+    LIVE_GRAPHS = 2
+    LIVE_EXECS = 3
+    LIVE_MODULES = 4
+    NUM_LIVE_KINDS = 5
+
+cdef void count_live(LiveKind kind, int delta) noexcept nogil
+
 cdef int raise_cuda_error(cydriver.CUresult result) except -1 nogil
 
 cdef inline int check(cydriver.CUresult result) except -1 nogil:

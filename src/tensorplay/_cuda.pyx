@@ -155,11 +155,47 @@ def _error_strings(int code):
     return name, desc
 
 
+# Failures a graph capture causes: their errors say which capture is open.
+_CAPTURE_ERRORS = frozenset({
+    cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    cydriver.CUDA_ERROR_STREAM_CAPTURE_MERGE, cydriver.CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+    cydriver.CUDA_ERROR_STREAM_CAPTURE_UNJOINED, cydriver.CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+    cydriver.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cydriver.CUDA_ERROR_CAPTURED_EVENT,
+    cydriver.CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, cydriver.CUDA_ERROR_ILLEGAL_STATE,
+})
+
+# The graph layer registers a function describing the open captures, so that
+# errors raised down here can name them (this layer cannot import that one).
+cdef object g_capture_describer = None
+
+
+def set_open_capture_describer(describer):
+    """Register ``describer() -> str`` ('' when no capture is open)."""
+    global g_capture_describer
+    g_capture_describer = describer
+
+
+def describe_open_captures():
+    """One sentence per open graph capture (graph, stream, thread, where it
+    began, how to end it), or '' when none is open."""
+    if g_capture_describer is None:
+        return ""
+    try:
+        return g_capture_describer()
+    except Exception:            # a description must never hide the error it explains
+        return ""
+
+
 def make_error(int code, str context=None):
-    """Build the CudaError (or OutOfMemoryError) for a CUresult value."""
+    """Build the CudaError (or OutOfMemoryError) for a CUresult value; a
+    capture-related failure names the open captures."""
     name, desc = _error_strings(code)
     if context:
         desc = f"{desc} ({context})" if desc else context
+    if code in _CAPTURE_ERRORS:
+        open_captures = describe_open_captures()
+        if open_captures:
+            desc = f"{desc}. {open_captures}" if desc else open_captures
     cls = OutOfMemoryError if code == cydriver.CUDA_ERROR_OUT_OF_MEMORY else CudaError
     return cls(code, name, desc)
 
@@ -167,6 +203,26 @@ def make_error(int code, str context=None):
 cdef int raise_cuda_error(cydriver.CUresult result) except -1 nogil:
     with gil:
         raise make_error(<int>result)
+
+
+# ---------------------------------------------------------------- live objects
+
+cdef Py_ssize_t g_live[NUM_LIVE_KINDS]
+memset(g_live, 0, sizeof(g_live))
+
+
+cdef void count_live(LiveKind kind, int delta) noexcept nogil:
+    """Note ``delta`` driver objects of ``kind`` created (+) or destroyed (-).
+    Callers hold the GIL (the counts are plain integers)."""
+    g_live[<int>kind] += delta
+
+_LIVE_NAMES = ("streams", "events", "graphs", "execs", "modules")
+
+
+def live_counts():
+    """Driver objects tensorplay created and has not destroyed, by kind:
+    streams, events, graphs (CUgraph), execs (CUgraphExec), modules."""
+    return {name: g_live[i] for i, name in enumerate(_LIVE_NAMES)}
 
 
 # ---------------------------------------------------------------- driver state

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 from typing import Any, final
 
-def live_module_count() -> int: ...
 
 class Module:
     def __new__(cls, image: bytes, device: int) -> Module: ...

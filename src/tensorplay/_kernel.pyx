@@ -6,16 +6,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
-from tensorplay._cuda cimport check, ensure_context, validate_device
+from tensorplay._cuda cimport LIVE_MODULES, check, count_live, ensure_context, validate_device
 from tensorplay._stream cimport current_stream_handle
-
-_live_modules = [0]
-
-
-def live_module_count():
-    """Number of loaded modules alive (a leak counter for tests)."""
-    return _live_modules[0]
-
 
 cdef class Module:
     """A CUBIN loaded on one device, cuModuleLoadData; unloaded when it dies."""
@@ -35,14 +27,14 @@ cdef class Module:
             r = cydriver.cuModuleLoadData(&self._handle, <const void*>data)
             check(cydriver.cuThreadExchangeStreamCaptureMode(&mode))
             check(r)
-        _live_modules[0] += 1
+        count_live(LIVE_MODULES, 1)
 
     def __dealloc__(self):
         if self._handle != NULL:
             try:
                 ensure_context(self.device)
                 cydriver.cuModuleUnload(self._handle)
-                _live_modules[0] -= 1
+                count_live(LIVE_MODULES, -1)
             except BaseException:
                 pass
             self._handle = NULL

@@ -5,7 +5,8 @@ cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
-from tensorplay._cuda cimport check, ensure_context, get_current_device, validate_device, MAX_DEVICES
+from tensorplay._cuda cimport (LIVE_EVENTS, LIVE_STREAMS, check, count_live, ensure_context, get_current_device,
+                               validate_device, MAX_DEVICES)
 
 import os
 import threading
@@ -41,10 +42,6 @@ cdef int _resolve_device(object device) except -1:
     return _device_index_checked(device)
 
 
-# Streams and events this module created and has not destroyed (leak checks).
-cdef Py_ssize_t _live_streams = 0
-cdef Py_ssize_t _live_events = 0
-
 # Handles of dead Stream objects, by (device, priority), for the next Stream().
 # Streams are never destroyed, as in PyTorch: the caching allocator keys its
 # free blocks by stream handle, and a destroyed stream's handle could come
@@ -59,11 +56,6 @@ def _forget_streams_in_forked_child():
 
 
 os.register_at_fork(after_in_child=_forget_streams_in_forked_child)
-
-
-def live_stream_and_event_counts():
-    """(streams, events) held by live Stream / Event objects."""
-    return _live_streams, _live_events
 
 
 def cached_stream_count():
@@ -90,7 +82,6 @@ cdef class Stream:
         self._priority = 0
 
     def __init__(self, device=None, int priority=0):
-        global _live_streams
         cdef int d = _resolve_device(device)
         cdef int least = 0, greatest = 0
         cdef cydriver.CUstream h = NULL
@@ -111,7 +102,7 @@ cdef class Stream:
         self._device = d
         self._priority = priority
         self._owned = True
-        _live_streams += 1
+        count_live(LIVE_STREAMS, 1)
 
     @staticmethod
     cdef Stream _wrap(cydriver.CUstream handle, int device, object owner):
@@ -122,13 +113,12 @@ cdef class Stream:
         return s
 
     def __dealloc__(self):
-        global _live_streams
         if self._owned and self._handle != NULL:
             try:
                 _recycled.setdefault((self._device, self._priority), []).append(<uintptr_t>self._handle)
             except BaseException:
                 pass
-            _live_streams -= 1
+            count_live(LIVE_STREAMS, -1)
             self._handle = NULL
 
     @property
@@ -331,23 +321,21 @@ cdef class Event:
             self._flags |= cydriver.CU_EVENT_BLOCKING_SYNC
 
     def __dealloc__(self):
-        global _live_events
         if self._handle != NULL:
             try:
                 if cydriver.cuEventDestroy(self._handle) == cydriver.CUDA_SUCCESS:
-                    _live_events -= 1
+                    count_live(LIVE_EVENTS, -1)
             except BaseException:
                 pass
             self._handle = NULL
 
     cdef int _record_on(self, cydriver.CUstream stream, int device) except -1:
-        global _live_events
         if self._handle == NULL:
             with nogil:
                 ensure_context(device)
                 check(cydriver.cuEventCreate(&self._handle, self._flags))
             self._device = device
-            _live_events += 1
+            count_live(LIVE_EVENTS, 1)
         elif self._device != device:
             raise ValueError(
                 f"event was created on cuda:{self._device} and cannot be recorded on a stream of cuda:{device}")

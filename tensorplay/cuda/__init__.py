@@ -19,13 +19,10 @@ from .._cuda import (CudaError, CudaUnavailableError, OutOfMemoryError, can_devi
                      current_device, device_count, driver_version, get_device_capability,
                      get_device_name, get_device_properties, is_available, is_device_supported, mem_get_info,
                      set_device, unavailable_reason)
-from .._cuda import device_index as _device_index, synchronize as _synchronize_context
-from .._graph import live_graph_objects as _live_graph_objects
-from .._kernel import live_module_count as _live_module_count
+from .._cuda import device_index as _device_index, live_counts as _live_counts, synchronize as _synchronize_context
 from .._stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
                        stream)
 from .._stream import cached_stream_count as _cached_stream_count
-from .._stream import live_stream_and_event_counts as _live_stream_and_event_counts
 from .._tensor_api import run_device_error_checks as _run_device_error_checks
 
 from ._custom import ElementwiseKernel, RawKernel
@@ -55,9 +52,8 @@ def live_driver_objects(device: DeviceLike = None) -> dict[str, int]:
         CUmodules) and, with a GPU, ``allocator_events``: the allocator's
         pending ``record_stream`` events on ``device``.
     """
-    streams, events = _live_stream_and_event_counts()
-    out = {"streams": streams, "cached_streams": _cached_stream_count(), "events": events,
-           **_live_graph_objects(), "modules": _live_module_count()}
+    out = _live_counts()
+    out["cached_streams"] = _cached_stream_count()
     if is_available():
         out["allocator_events"] = memory_stats(device)["pending_events"]
     return out

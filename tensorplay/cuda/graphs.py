@@ -66,6 +66,16 @@ def _mode_of(capture_error_mode: str) -> int:
                          f"got {capture_error_mode!r}") from None
 
 
+class _GraphKernels:
+    """What the compiled graph layer launches or calls but does not own."""
+    set_conditional = staticmethod(graph_kernels.set_conditional_function)
+    multi_copy = staticmethod(graph_kernels.multi_copy_function)
+    copy = staticmethod(_Tensor.copy_)
+
+
+_GRAPH_KERNELS = _GraphKernels()
+
+
 class CUDAGraph(CUDAGraphBase):
     """A CUDA graph: work captured from a stream, replayed as one launch.
 
@@ -74,7 +84,13 @@ class CUDAGraph(CUDAGraphBase):
     during the capture live in the graph's memory pool; their addresses are
     what every replay reads and writes, so feed new inputs by copying into
     the tensors used at capture time.
+
+    A graph dropped while its capture is open ends and discards that
+    capture when it is collected, with a ``ResourceWarning``.
     """
+
+    def __init__(self) -> None:
+        super().__init__(_GRAPH_KERNELS)
 
     def capture_begin(self, pool: PoolLike = None, capture_error_mode: CaptureErrorMode = "global",
                       stream: StreamLike | None = None) -> None:
@@ -147,11 +163,6 @@ class CUDAGraph(CUDAGraphBase):
         """
         self._reset()
 
-    @property
-    def pool_id(self) -> int | None:
-        """The allocator pool this graph captured into (None before a capture)."""
-        return self._pool_id_
-
     # ------------------------------------------------------------ introspection
 
     def enable_debug_mode(self) -> None:
@@ -220,11 +231,6 @@ class CUDAGraph(CUDAGraphBase):
             raise OSError(f"dot failed to render {path}: {res.stderr.strip()}")
         return path
 
-    def _stage_kernels(self):
-        """The multi-tensor copy kernels stage_and_launch uses, by table capacity."""
-        dev = self.device_index
-        return [(cap, graph_kernels.multi_copy_function(cap, dev)) for cap in STAGE_CAPACITIES]
-
     # ------------------------------------------------------------ conditional nodes
 
     def _check_pred(self, scalar_pred, what):
@@ -244,7 +250,6 @@ class CUDAGraph(CUDAGraphBase):
         if driver_version() < (12, 4):
             raise RuntimeError(f"{what}: conditional graph nodes need a CUDA 12.4 or newer driver, "
                                f"this one is {'.'.join(map(str, driver_version()))}")
-        self._set_conditional_kernel(graph_kernels.set_conditional_function(self.device_index))
         return scalar_pred
 
     def begin_capture_to_if_node(self, scalar_pred: Tensor) -> None:
@@ -277,9 +282,6 @@ class CUDAGraph(CUDAGraphBase):
     def __repr__(self):
         state = "capturing" if self.is_capturing else ("ready" if self.is_instantiated else "empty")
         return f"<CUDAGraph {state} device={self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
-
-
-STAGE_CAPACITIES = (8, 32, 128)     # table sizes; 128 entries keep the parameters under 4 KiB
 
 
 def is_current_stream_capturing() -> bool:
