@@ -248,12 +248,20 @@ def staging_rows(counts, calls, repeats, torch):
         def stage():
             g.stage_and_launch(statics, inputs)
 
+        others = [[tp.ones(1024, device="cuda") for _ in range(n)] for _ in range(2)]
+        turn = [0]
+
+        def stage_fresh():                # other tensors each call: the copy node's table is set
+            turn[0] ^= 1
+            g.stage_and_launch(statics, others[turn[0]])
+
         def loop():
             for a, b in zip(statics, inputs):
                 a.copy_(b)
             g.replay()
         contenders = [("tensorplay replay() (no inputs)", _loop(g.replay), sync),
                       ("tensorplay stage_and_launch", _loop(stage), sync),
+                      ("tensorplay stage_and_launch (other inputs each call)", _loop(stage_fresh), sync),
                       ("tensorplay copy_ loop + replay", _loop(loop), sync)]
         latencies = {"tensorplay stage_and_launch": latency(stage, repeats, sync)}
 

@@ -215,6 +215,11 @@ def test_staging_builds_once_per_list_of_static_inputs(rng):
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
     assert staged_builds() == builds
     assert g._stages_in_one_launch
+    for k in range(3):                        # the same tensors again: new values are still copied
+        g.stage_and_launch(statics, dense)
+        np.testing.assert_allclose(out.numpy(), np.sum(data, axis=0) * 2.0 ** k, rtol=1e-5, atol=1e-5)
+        for t in dense:
+            t.mul_(2.0)
 
 
 def test_staging_a_graph_with_conditional_nodes(rng):

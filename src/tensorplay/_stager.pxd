@@ -29,9 +29,14 @@ cdef class Stager:
     cdef size_t _table_size
     cdef void* _extra[5]
     cdef cydriver.CUDA_KERNEL_NODE_PARAMS _params
+    # what the staged executable's copy node holds now (-1 entries: not set since it was built)
+    cdef unsigned long long _node_table[1 + 3 * 128]
+    cdef Py_ssize_t _node_table_entries
+    cdef unsigned int _node_grid_x
 
     cdef bint holds(self, object static_inputs) noexcept
     cdef int launch(self, object inputs, cydriver.CUstream stream) except -1
+    cdef bint _table_unchanged(self, Py_ssize_t nfast) noexcept nogil
     cdef void release(self) noexcept
 
 

@@ -14,7 +14,7 @@ in one ``nogil`` block. The captured graph itself is never changed, so
 cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport int64_t, uintptr_t
-from libc.string cimport memset
+from libc.string cimport memcmp, memcpy, memset
 from libcpp.vector cimport vector
 
 from tensorplay._cuda cimport LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensure_context
@@ -82,6 +82,7 @@ cdef class Stager:
         self._node = NULL
         self._main = NULL
         self._cap = 0
+        self._node_table_entries = -1
         memset(&self._params, 0, sizeof(self._params))
 
     cdef bint holds(self, object static_inputs) noexcept:
@@ -152,13 +153,22 @@ cdef class Stager:
             if nfast == 0:
                 check(cydriver.cuGraphLaunch(self._main, stream))
             elif self._exec != NULL:
-                check(cydriver.cuGraphExecKernelNodeSetParams(self._exec, self._node, &self._params))
+                # the node keeps its table between launches: set it only when it changed
+                if not self._table_unchanged(nfast):
+                    check(cydriver.cuGraphExecKernelNodeSetParams(self._exec, self._node, &self._params))
+                    self._node_table_entries = nfast
+                    self._node_grid_x = self._params.gridDimX
+                    memcpy(self._node_table, self._table, sizeof(unsigned long long) * (1 + 3 * nfast))
                 check(cydriver.cuGraphLaunch(self._exec, stream))
             else:
                 self._fn.c_launch(self._params.gridDimX, self._params.gridDimY, 1, COPY_BLOCK, 1, 1, 0,
                                   stream, <const void*>self._table, self._table_size)
                 check(cydriver.cuGraphLaunch(self._main, stream))
         return 0
+
+    cdef bint _table_unchanged(self, Py_ssize_t nfast) noexcept nogil:
+        return (nfast == self._node_table_entries and self._params.gridDimX == self._node_grid_x and
+                memcmp(self._node_table, self._table, sizeof(unsigned long long) * (1 + 3 * nfast)) == 0)
 
     cdef void release(self) noexcept:
         """Destroy the staged executable and the clone (never raises)."""
