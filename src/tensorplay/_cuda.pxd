@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 from cuda.bindings cimport cydriver
 
-cdef enum:
-    MAX_DEVICES = 64
+cdef extern from "tp_limits.hpp":
+    enum: MAX_DEVICES "TP_MAX_DEVICES"
 
 # Kinds of driver objects counted while alive (leak checks): one counter each.
 cdef enum LiveKind:

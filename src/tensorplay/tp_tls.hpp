@@ -6,7 +6,7 @@
 #pragma once
 #include <cstdint>
 
-#define TP_MAX_DEVICES 64
+#include "tp_limits.hpp"
 
 namespace tp {
 // Index of the device whose primary context this thread made current (-1: none).
