@@ -89,7 +89,7 @@ cdef str _call_site():
     return f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})"
 
 
-cdef OpenCapture _forbidding(int mode):
+cdef OpenCapture _forbidding():
     """An open capture that forbids beginning another: one in global mode
     (any other thread's unsafe call would invalidate it)."""
     for c in _open_captures.values():
@@ -186,7 +186,7 @@ cdef class CUDAGraphBase:
                                "must call super().__init__())")
         site = _call_site()
         with _begin_lock:
-            other = _forbidding(mode)
+            other = _forbidding()
             if other is not None:
                 raise RuntimeError(f"capture_begin: another capture forbids a new one: {other.sentence()}")
             self._begin_locked(pool_id, mode, stream)
