@@ -138,7 +138,7 @@ def _public_objects():
     return out
 
 
-_COMPILED = {"tensorplay._cuda", "tensorplay._stream", "tensorplay._alloc", "tensorplay._tensor",
+_COMPILED = {"tensorplay._cuda", "tensorplay._stream", "tensorplay._alloc", "tensorplay._tensor_base",
              "tensorplay._kernel", "tensorplay._graph"}
 _EMBEDDED = re.compile(r"^[\w.]+\(.*\)(\s*->\s*[\w\[\]., |]+)?$")   # Cython's embedsignature line
 

@@ -230,7 +230,7 @@ def test_dlpack_export_import_releases_every_reference():
     """The DLPack capsule machinery needs no GPU: a CUDA-typed tensor over a fake
     address exercises export, import, consumption and release."""
     import gc
-    from tensorplay._tensor import dlpack_import
+    from tensorplay._tensor_base import dlpack_import
     t = tp.Tensor.__new__(tp.Tensor)
     t._set_cuda(None, 0x1000, (4, 3), (1, 4), tp.float32.code, 0)
     base = sys.getrefcount(t)

@@ -9,7 +9,7 @@ from libc.string cimport memcpy, memset
 
 from tensorplay._cuda cimport check, ensure_context, get_current_device, primary_context, validate_device
 from tensorplay._kernel cimport Function, fill_launch_extra
-from tensorplay._tensor cimport TensorBase, DEVICE_CUDA
+from tensorplay._tensor_base cimport TensorBase, DEVICE_CUDA
 from libcpp.vector cimport vector
 from tensorplay._stream cimport (Stream, as_stream, current_stream_handle, set_current_stream_handle,
                                  stream_wait_stream)

@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor_api import Tensor, _resolve_device, empty, tensor
+from .._tensor import Tensor, _resolve_device, empty, tensor
 from .._kernels import cache as _kernels
 from ._promotion import result_type
 

@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor_api import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
+from .._tensor import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from .._kernels import cache as _kernels, codegen as _codegen
 from ._promotion import can_cast, result_type
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _cublaslt as _lt, _dtypes as dt
 from .._stream import current_stream_handle_of
-from .._tensor_api import Tensor, _broadcast_shape, _empty_cuda, broadcast_strides, empty
+from .._tensor import Tensor, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from . import _blas
 from ._elementwise import _numpy_compute_dtype
 

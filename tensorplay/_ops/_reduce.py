@@ -19,7 +19,7 @@ import struct
 import numpy as np
 
 from .. import _dtypes as dt, return_types
-from .._tensor_api import Tensor, _empty_cuda, empty, full
+from .._tensor import Tensor, _empty_cuda, empty, full
 from .._kernels import cache as _kernels, codegen as _codegen
 from ._elementwise import apply
 from ._views import permute

@@ -11,7 +11,7 @@ import numbers
 
 from numpy.lib.stride_tricks import as_strided
 
-from .._tensor_api import _contiguous_strides
+from .._tensor import _contiguous_strides
 
 
 def _make_view(t, shape, strides, offset=0):

@@ -26,7 +26,7 @@ from ..types import CaptureErrorMode, PoolLike
 if TYPE_CHECKING:
     from .. import Tensor
 else:
-    from .._tensor_api import Tensor
+    from .._tensor import Tensor
 
 __all__ = ["cudagraphify", "CUDAGraphified"]
 

@@ -26,7 +26,7 @@ from .._stream import (Event, ExternalStream, Stream, current_stream, default_st
                        stream)
 from .._stream import cached_stream_count as _cached_stream_count
 from .._stream import live_stream_and_event_counts as _live_stream_and_event_counts
-from .._tensor_api import run_device_error_checks as _run_device_error_checks
+from .._tensor import run_device_error_checks as _run_device_error_checks
 
 from ._custom import ElementwiseKernel, RawKernel
 from ._memory import memory_summary

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _dtypes as dt
 from .._stream import _as_stream, current_stream_handle_of
-from .._tensor_api import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
+from .._tensor import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
 from .._cuda import current_device
 from .._kernels import cache as _kernels, codegen as _codegen
 
