@@ -14,6 +14,7 @@ from . import _dtypes as dt
 from ._alloc import _allocate
 from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
 from ._device import as_device, device as _device_cls
+from ._dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from ._kernels import cache as _kernels
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
 from ._tensor_base import MAX_DIMS, TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
@@ -932,7 +933,13 @@ class Tensor(TensorBase):
                 ev.record(current_stream(self._device_index_))
                 ExternalStream(consumer, device=self._device_index_).wait_event(ev)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
-        return self._dlpack_capsule(versioned)
+        return _dlpack_capsule(self, versioned)
+
+    def __dlpack_device__(self):
+        """Return ``(device_type, device_id)`` of DLPack: ``(1, 0)`` for the CPU, ``(2, N)`` for cuda:N."""
+        if self.is_cpu:
+            return (DLPACK_DEVICE_CPU, 0)
+        return (DLPACK_DEVICE_CUDA, self._device_index_)
 
     # ---------------------------------------------------------------- views
 

@@ -1,40 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""TensorBase: the C-level fields of a tensor, raw transfers, DLPack and the
-CUDA Array Interface."""
+"""TensorBase: the C-level fields of a tensor, raw transfers and the CUDA Array
+Interface (DLPack is tensorplay._dlpack)."""
 
 cimport cython
-from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer,
-                                PyCapsule_SetName, PyCapsule_Destructor)
-from cpython.ref cimport Py_INCREF, Py_DECREF, PyObject
 from cuda.bindings cimport cydriver
 from libc.stdint cimport int64_t, uintptr_t, uint64_t
-from libc.stdlib cimport malloc, free
 
 from tensorplay._cuda cimport check, ensure_context, validate_device, primary_context
 from tensorplay._cuda import make_error
 from tensorplay._stream cimport current_stream_handle
 from tensorplay._alloc cimport DeviceAllocation, note_capture_use, open_capture_count
-from tensorplay._dlpack cimport *
 
-# the limits and DLPack device codes, for the Python layer (defined once: here
-# and in _tensor.pxd / _dlpack.pxd)
+# the dimension limit, for the Python layer (defined once: the enum in _tensor_base.pxd)
 MAX_DIMS = MAX_NDIM
-DLPACK_DEVICE_CPU = kDLCPU
-DLPACK_DEVICE_CUDA = kDLCUDA
-
-cdef extern from "Python.h":
-    int Py_IsInitialized() nogil
-    void Py_DecRef(PyObject*)
-    # PyObject* forms: a capsule destructor must not touch its refcount
-    int capsule_is_valid "PyCapsule_IsValid" (PyObject*, const char*)
-    void* capsule_get_pointer "PyCapsule_GetPointer" (PyObject*, const char*)
 
 cdef int ITEMSIZE[10]
 ITEMSIZE[:] = [1, 1, 1, 2, 4, 8, 2, 2, 4, 8]
-
-# (DLPack type code, bits) of each dtype code
-cdef int DL_CODE[10]
-DL_CODE[:] = [kDLBool, kDLUInt, kDLInt, kDLInt, kDLInt, kDLInt, kDLFloat, kDLBfloat, kDLFloat, kDLFloat]
 
 CAI_TYPESTR = ("|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<f2", None, "<f4", "<f8")
 
@@ -244,65 +225,6 @@ cdef class TensorBase:
             raise ValueError(f"stream is on cuda:{stream.device_index}, tensor on cuda:{self._device_index}")
         self._storage.record_stream(h)
 
-    # ------------------------------------------------------------ DLPack
-
-    def __dlpack_device__(self):
-        """Return ``(device_type, device_id)`` of DLPack: ``(1, 0)`` for the CPU, ``(2, N)`` for cuda:N."""
-        if self._device_type == DEVICE_CPU:
-            return (kDLCPU, 0)
-        return (kDLCUDA, self._device_index)
-
-    def _dlpack_capsule(self, bint versioned):
-        """Export as a DLPack capsule ('dltensor' or 'dltensor_versioned')."""
-        cdef DLManagedTensor* mt
-        cdef DLManagedTensorVersioned* mv
-        cdef DLTensor* t
-        cdef int64_t* dims
-        cdef int i
-        if self._device_type != DEVICE_CUDA:
-            raise BufferError("CPU tensors export DLPack through numpy")
-        dims = <int64_t*>malloc(sizeof(int64_t) * 2 * (self._ndim if self._ndim else 1))
-        if dims == NULL:
-            raise MemoryError()
-        if versioned:
-            mv = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned))
-            if mv == NULL:
-                free(dims)
-                raise MemoryError()
-            mv.version.major = DLPACK_MAJOR_VERSION
-            mv.version.minor = DLPACK_MINOR_VERSION
-            mv.manager_ctx = <void*>self
-            mv.deleter = _deleter_versioned
-            mv.flags = 0
-            t = &mv.dl_tensor
-        else:
-            mt = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
-            if mt == NULL:
-                free(dims)
-                raise MemoryError()
-            mt.manager_ctx = <void*>self
-            mt.deleter = _deleter_unversioned
-            t = &mt.dl_tensor
-        self.c_note_use()
-        t.data = <void*>self._ptr
-        t.device.device_type = kDLCUDA
-        t.device.device_id = self._device_index
-        t.ndim = self._ndim
-        t.dtype.code = DL_CODE[self._dtype_code]
-        t.dtype.bits = 8 * self._itemsize
-        t.dtype.lanes = 1
-        t.shape = dims
-        t.strides = dims + self._ndim
-        t.byte_offset = 0
-        for i in range(self._ndim):
-            dims[i] = self._shape[i]
-            dims[self._ndim + i] = self._strides[i]
-        Py_INCREF(self)
-        if versioned:
-            return PyCapsule_New(<void*>mv, b"dltensor_versioned",
-                                 <PyCapsule_Destructor>_capsule_destructor_versioned)
-        return PyCapsule_New(<void*>mt, b"dltensor", <PyCapsule_Destructor>_capsule_destructor)
-
     # ------------------------------------------------------------ CUDA Array Interface
 
     @property
@@ -330,99 +252,6 @@ cdef class TensorBase:
             # the legacy default stream is 1 in the protocol (0 is disallowed)
             "stream": 1 if s == 0 else s,
         }
-
-
-cdef void _deleter_unversioned(DLManagedTensor* mt) noexcept nogil:
-    if mt == NULL:
-        return
-    if Py_IsInitialized():
-        with gil:
-            Py_DecRef(<PyObject*>mt.manager_ctx)
-    free(mt.dl_tensor.shape)
-    free(mt)
-
-
-cdef void _deleter_versioned(DLManagedTensorVersioned* mv) noexcept nogil:
-    if mv == NULL:
-        return
-    if Py_IsInitialized():
-        with gil:
-            Py_DecRef(<PyObject*>mv.manager_ctx)
-    free(mv.dl_tensor.shape)
-    free(mv)
-
-
-cdef void _capsule_destructor(PyObject* capsule) noexcept:
-    cdef DLManagedTensor* mt
-    if capsule_is_valid(capsule, b"dltensor"):   # never consumed
-        mt = <DLManagedTensor*>capsule_get_pointer(capsule, b"dltensor")
-        if mt.deleter != NULL:
-            mt.deleter(mt)
-
-
-cdef void _capsule_destructor_versioned(PyObject* capsule) noexcept:
-    cdef DLManagedTensorVersioned* mv
-    if capsule_is_valid(capsule, b"dltensor_versioned"):
-        mv = <DLManagedTensorVersioned*>capsule_get_pointer(capsule, b"dltensor_versioned")
-        if mv.deleter != NULL:
-            mv.deleter(mv)
-
-
-cdef class DLPackOwner:
-    """Owns an imported DLManagedTensor(Versioned); calls its deleter when it dies."""
-    cdef void* managed
-    cdef bint versioned
-
-    def __dealloc__(self):
-        cdef DLManagedTensor* mt
-        cdef DLManagedTensorVersioned* mv
-        if self.managed == NULL:
-            return
-        if self.versioned:
-            mv = <DLManagedTensorVersioned*>self.managed
-            if mv.deleter != NULL:
-                mv.deleter(mv)
-        else:
-            mt = <DLManagedTensor*>self.managed
-            if mt.deleter != NULL:
-                mt.deleter(mt)
-        self.managed = NULL
-
-
-def dlpack_import(capsule):
-    """Consume a DLPack capsule.
-
-    Returns (owner, data_ptr, shape, strides_or_None, (code, bits, lanes),
-    (device_type, device_id), read_only); ``owner`` calls the producer's
-    deleter when it dies. The capsule is renamed to mark it used."""
-    cdef DLTensor* t
-    cdef DLManagedTensorVersioned* mv
-    cdef DLManagedTensor* mt
-    cdef DLPackOwner owner = DLPackOwner.__new__(DLPackOwner)
-    cdef bint read_only = False
-    cdef int i
-    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        mv = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
-        if mv.version.major > DLPACK_MAJOR_VERSION:
-            raise BufferError(f"DLPack {mv.version.major}.{mv.version.minor} is newer than supported 1.x")
-        t = &mv.dl_tensor
-        read_only = (mv.flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
-        PyCapsule_SetName(capsule, b"used_dltensor_versioned")
-        owner.managed = mv
-        owner.versioned = True
-    elif PyCapsule_IsValid(capsule, b"dltensor"):
-        mt = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
-        t = &mt.dl_tensor
-        PyCapsule_SetName(capsule, b"used_dltensor")
-        owner.managed = mt
-        owner.versioned = False
-    else:
-        raise TypeError("expected an unconsumed DLPack capsule ('dltensor' or 'dltensor_versioned')")
-    shape = tuple([t.shape[i] for i in range(t.ndim)])
-    strides = None if t.strides == NULL else tuple([t.strides[i] for i in range(t.ndim)])
-    ptr = <uintptr_t>t.data + t.byte_offset
-    return (owner, ptr, shape, strides, (t.dtype.code, t.dtype.bits, t.dtype.lanes),
-            (t.device.device_type, t.device.device_id), read_only)
 
 
 # ---------------------------------------------------------------- raw transfers
