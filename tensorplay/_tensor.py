@@ -16,9 +16,10 @@ from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
 from ._device import as_device, device as _device_cls
 from ._dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from ._kernels import cache as _kernels
+from ._memcpy import host_reads_blocked as _host_reads_blocked
+from ._memcpy import memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
-from ._tensor_base import MAX_DIMS, TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
-from ._tensor_base import host_reads_blocked as _host_reads_blocked
+from ._tensor_base import MAX_DIMS, TensorBase
 
 __all__ = ["Tensor", "tensor", "empty", "zeros", "ones", "full", "arange", "empty_like",
            "zeros_like", "ones_like", "full_like", "from_numpy", "is_tensor"]

@@ -139,7 +139,7 @@ def _public_objects():
 
 
 _COMPILED = {"tensorplay._cuda", "tensorplay._stream", "tensorplay._alloc", "tensorplay._tensor_base",
-             "tensorplay._dlpack", "tensorplay._kernel", "tensorplay._graph"}
+             "tensorplay._dlpack", "tensorplay._memcpy", "tensorplay._kernel", "tensorplay._graph"}
 _EMBEDDED = re.compile(r"^[\w.]+\(.*\)(\s*->\s*[\w\[\]., |]+)?$")   # Cython's embedsignature line
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _dtypes as dt
 from .._tensor import Tensor, _as_source, _empty_cuda, copy_into, device_error_checks, empty, tensor
-from .._tensor_base import memcpy_dtoh, memset_d8_async
+from .._memcpy import memcpy_dtoh, memset_d8_async
 from .._stream import current_stream_handle_of
 from .._kernels import cache as _kernels
 from ._elementwise import where
