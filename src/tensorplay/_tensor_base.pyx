@@ -188,22 +188,6 @@ cdef class TensorBase:
         """True for a tensor in host memory (a NumPy array underneath)."""
         return self._device_type == DEVICE_CPU
 
-    @property
-    def _dtype_code_(self):
-        return self._dtype_code
-
-    @property
-    def _device_index_(self):
-        return self._device_index
-
-    @property
-    def _storage_(self):
-        return self._storage
-
-    @property
-    def _array_(self):
-        return self._array
-
     def storage_offset(self):
         """Return the offset of the first element from the start of its storage, in elements."""
         if self._device_type == DEVICE_CPU:

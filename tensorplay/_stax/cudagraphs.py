@@ -86,7 +86,7 @@ class CUDAGraphified(Generic[P, R]):
             if isinstance(a, Tensor):
                 if not a.is_cuda:
                     raise TypeError("cudagraphify: tensor arguments must be CUDA tensors")
-                key.append(("T", a.shape, a.dtype.code, a._device_index_, a.strides))
+                key.append(("T", a.shape, a.dtype.code, a._device_index, a.strides))
             else:
                 try:
                     hash(a)
