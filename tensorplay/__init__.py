@@ -11,7 +11,7 @@ from ._interop import as_tensor, from_dlpack
 from ._config import config, show_config
 from ._kernels.nvrtc import NVRTCError
 from ._version import __version__  # written by meson from meson.build
-from ._tensor_api import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
+from ._tensor import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
                       ones_like, tensor, zeros, zeros_like)
 
 from ._ops import _methods as _methods_mod

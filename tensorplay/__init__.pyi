@@ -16,7 +16,7 @@ from ._device import device as device
 from ._dtypes import dtype as dtype
 from ._kernels.nvrtc import NVRTCError as NVRTCError
 from ._stream import Stream
-from ._tensor import TensorBase
+from ._tensor_base import TensorBase
 from .cuda._custom import ElementwiseKernel as ElementwiseKernel, RawKernel as RawKernel
 from .types import Activation, DTypeLike, DeviceLike, Dims, Number, Size, TensorOrNumber
 

@@ -7,9 +7,11 @@ import numpy as np
 
 from . import _dtypes as dt
 from ._cuda import device_index as _cuda_device_index
+from ._dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, dlpack_import
+from ._memcpy import pointer_device
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
-from ._tensor import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, ForeignStorage, dlpack_import, pointer_device
-from ._tensor_api import Tensor, _contiguous_strides, _new_cpu, _new_cuda, register_foreign_converter, tensor
+from ._tensor_base import ForeignStorage
+from ._tensor import Tensor, _contiguous_strides, _new_cpu, _new_cuda, register_foreign_converter, tensor
 
 __all__ = ["from_dlpack", "as_tensor"]
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from . import Tensor
     from .cuda.graphs import CUDAGraph
 else:
-    from ._tensor_api import Tensor
+    from ._tensor import Tensor
 
 __all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "Number", "PoolLike",
            "Size", "StreamLike", "SupportsCudaStream", "TensorOrNumber"]

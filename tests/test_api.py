@@ -138,8 +138,8 @@ def _public_objects():
     return out
 
 
-_COMPILED = {"tensorplay._cuda", "tensorplay._stream", "tensorplay._alloc", "tensorplay._tensor",
-             "tensorplay._kernel", "tensorplay._graph"}
+_COMPILED = {"tensorplay._cuda", "tensorplay._stream", "tensorplay._alloc", "tensorplay._tensor_base",
+             "tensorplay._dlpack", "tensorplay._memcpy", "tensorplay._kernel", "tensorplay._graph"}
 _EMBEDDED = re.compile(r"^[\w.]+\(.*\)(\s*->\s*[\w\[\]., |]+)?$")   # Cython's embedsignature line
 
 

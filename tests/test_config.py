@@ -267,7 +267,7 @@ def test_config_is_a_dict_without_a_gpu_too(cache):
 # ------------------------------------------------------------ repr during a capture
 
 def test_capture_repr_names_shape_dtype_and_device():
-    from tensorplay._tensor_api import _capture_repr
+    from tensorplay._tensor import _capture_repr
     t = tp.zeros(4, 3, dtype=tp.float16)
     assert _capture_repr(t) == ("tensor(<captured: not readable during a CUDA graph capture>, "
                                 "shape=(4, 3), dtype=tensorplay.float16, device='cpu')")

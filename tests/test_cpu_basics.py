@@ -230,19 +230,19 @@ def test_dlpack_export_import_releases_every_reference():
     """The DLPack capsule machinery needs no GPU: a CUDA-typed tensor over a fake
     address exercises export, import, consumption and release."""
     import gc
-    from tensorplay._tensor import dlpack_import
+    from tensorplay._dlpack import dlpack_import, to_capsule
     t = tp.Tensor.__new__(tp.Tensor)
     t._set_cuda(None, 0x1000, (4, 3), (1, 4), tp.float32.code, 0)
     base = sys.getrefcount(t)
     for versioned in (False, True):
-        cap = t._dlpack_capsule(versioned)
+        cap = to_capsule(t, versioned)
         owner, ptr, shape, strides, dtype, device, ro = dlpack_import(cap)
         assert (ptr, shape, strides, dtype, device, ro) == (0x1000, (4, 3), (1, 4), (2, 32, 1), (2, 0), False)
         with pytest.raises(TypeError, match="unconsumed"):
             dlpack_import(cap)
         assert sys.getrefcount(t) == base + 1
         del owner, cap
-        unused = t._dlpack_capsule(versioned)    # never consumed: its destructor releases it
+        unused = to_capsule(t, versioned)    # never consumed: its destructor releases it
         del unused
     gc.collect()
     assert sys.getrefcount(t) == base

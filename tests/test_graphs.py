@@ -325,7 +325,7 @@ def test_side_stream_work_and_allocations_land_in_the_pool():
         main.wait_stream(side)
         c = a + b
     from tensorplay._alloc import allocator
-    assert a._storage_.pool_id == g.pool_id == c._storage_.pool_id
+    assert a._storage.pool_id == g.pool_id == c._storage.pool_id
     x.fill_(2)
     g.replay()
     assert c[:4].tolist() == [12.0] * 4

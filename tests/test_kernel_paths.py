@@ -190,7 +190,7 @@ class _Launches:
 
 def _fake(shape, dtype, ptr=0x100000, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor_api._contiguous_strides(shape)
+    strides = strides or tp._tensor._contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -295,11 +295,11 @@ def test_transposing_copies_launch_the_tiled_kernel(monkeypatch):
     monkeypatch.setattr(_kernels, "current_stream_handle_of", lambda dev: 0)
     src = _fake((8192, 8192), tp.float32, 0x100000, (1, 8192))                 # x.t()
     dst = _fake((8192, 8192), tp.float32, 0x100000 + 8192 * 8192 * 4)
-    tp._tensor_api.copy_into(dst, src)
+    tp._tensor.copy_into(dst, src)
     (key, grid, block, params), = rec.log
     assert key[0] == "tiled_copy" and block == (32, 8) and grid == 132 * _kernels.TILED_COPY_BLOCKS_PER_SM
     assert struct.unpack_from("<QQq", params) == (dst.data_ptr(), 0x100000, 256 * 256)
     rec.log.clear()
     far = 0x100000 + 8192 * 8192 * 8
-    tp._tensor_api.copy_into(dst[:, :4096], _fake((8192, 8192), tp.float32, far)[:, ::2])
+    tp._tensor.copy_into(dst[:, :4096], _fake((8192, 8192), tp.float32, far)[:, ::2])
     assert rec.log[0][0][0] == "copy"                                         # strided, not transposed

@@ -83,9 +83,9 @@ def test_collapse_dims_preserves_every_offset(shape, data):
     for _ in range(n_ops):
         kind = data.draw(st.sampled_from(["contig", "broadcast", "random"]))
         if kind == "contig":
-            strides_list.append(list(tp._tensor_api._contiguous_strides(shape)))
+            strides_list.append(list(tp._tensor._contiguous_strides(shape)))
         elif kind == "broadcast":
-            base = tp._tensor_api._contiguous_strides(shape)
+            base = tp._tensor._contiguous_strides(shape)
             strides_list.append([0 if data.draw(st.booleans()) else s for s in base])
         else:
             strides_list.append([data.draw(st.integers(-7, 7)) for _ in shape])

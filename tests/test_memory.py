@@ -107,7 +107,7 @@ def test_mid_size_requests_share_one_20_mib_segment():
     assert st1["segment.large_pool.current"] - st0["segment.large_pool.current"] == 1
     assert st1["segment.all.current"] - st0["segment.all.current"] == 1
     assert st1["reserved_bytes.all.current"] - st0["reserved_bytes.all.current"] == 20 * MiB
-    ptrs = sorted(x._storage_.ptr for x in xs)
+    ptrs = sorted(x._storage.ptr for x in xs)
     assert ptrs[-1] - ptrs[0] == 16 * MiB           # the five tile one 20 MiB range
     with tp.cuda.stream(s):
         xs.append(tp.empty(MiB, dtype=tp.float32, device="cuda"))   # the sixth needs a second one
@@ -145,7 +145,7 @@ def test_sixteen_chained_ops_in_one_graph_reserve_three_blocks(mib, bound, rng):
         y = _chain(x0, 16)
     grown = tp.cuda.memory_reserved() - base
     assert grown <= bound, f"16 chained {mib} MiB ops reserved {grown / MiB:.1f} MiB"
-    assert y._storage_.pool_id == g.pool_id
+    assert y._storage.pool_id == g.pool_id
     for _ in range(3):
         a = rng.uniform(0, 1, n).astype(np.float32)
         x0.copy_(a)
@@ -224,14 +224,14 @@ def test_eager_allocations_never_alias_a_graphs_pool():
         b = a + 1.0
         kept = b * 0.5                                   # the output kept alive
         c = kept - 1.0
-    assert kept._storage_.pool_id == g.pool_id
-    freed_ptrs = {t._storage_.ptr for t in (a, b, c)}
+    assert kept._storage.pool_id == g.pool_id
+    freed_ptrs = {t._storage.ptr for t in (a, b, c)}
     del a, b, c                                           # their blocks are free in the graph's pool
     gc.collect()
     fillers = [tp.full((n,), -1.0, device="cuda") for _ in range(64)]
-    assert all(f._storage_.pool_id == 0 for f in fillers)
-    assert not any(f._storage_.pool_id == g.pool_id for f in fillers)
-    assert not freed_ptrs & {f._storage_.ptr for f in fillers}
+    assert all(f._storage.pool_id == 0 for f in fillers)
+    assert not any(f._storage.pool_id == g.pool_id for f in fillers)
+    assert not freed_ptrs & {f._storage.ptr for f in fillers}
     for v in (2.0, 5.0, -3.0):
         x.fill_(v)
         g.replay()
@@ -302,12 +302,12 @@ def test_while_body_does_not_reuse_a_tensor_allocated_before_it(n, rng):
         acc.zero_()
         c.zero_()
         h = x * 1.0                    # allocated in the pool before the body opens
-        outer_ptr = h._storage_.ptr
+        outer_ptr = h._storage.ptr
         tp.lt(c, limit, out=pred)
         g.begin_capture_to_while_node(pred)
         h = h + 1.0                    # reads the outer h, whose last reference dies here
         t = h * 2.0                    # allocated after that free: must not take the outer h's block
-        t_ptr = t._storage_.ptr
+        t_ptr = t._storage.ptr
         acc.add_(t)
         del t
         c.add_(1)
@@ -347,7 +347,7 @@ def test_record_stream_during_capture_queries_no_event_and_defers_reuse():
     tp.cuda.empty_cache()
 
     potential_problem = tp.zeros(n, dtype=tp.float32, device="cuda")
-    p_ptr = potential_problem._storage_.ptr
+    p_ptr = potential_problem._storage.ptr
     tp.cuda.synchronize()
     with tp.cuda.stream(s0):
         potential_problem.record_stream(s0)
@@ -370,7 +370,7 @@ def test_record_stream_during_capture_queries_no_event_and_defers_reuse():
 
     c = tp.empty(n, dtype=tp.float32, device="cuda")     # eager: processes events, s0's is not done
     assert not s0.query(), "the spin ended before the check: make it longer"
-    assert c._storage_.ptr != p_ptr
+    assert c._storage.ptr != p_ptr
     s0.synchronize()
     tp.cuda.synchronize()
     held = [c]
@@ -397,14 +397,14 @@ def test_a_graph_reset_during_its_replay_keeps_its_input_until_the_replay_ends()
     with tp.cuda.graph(g):
         spin(tp.cuda.current_stream(), 600_000_000)      # ~0.3 s
         out.copy_(inp)                                   # then read the eager input
-    inp_ptr = inp._storage_.ptr
+    inp_ptr = inp._storage.ptr
     tp.cuda.synchronize()
     g.replay(s_other)
     del inp                      # only the graph holds it now ...
     g.reset()                    # ... and not any more, while the replay still runs
     q = tp.empty(n, dtype=tp.float32, device="cuda")     # same size, default stream
     assert not s_other.query(), "the replay ended before the check: make the spin longer"
-    assert q._storage_.ptr != inp_ptr
+    assert q._storage.ptr != inp_ptr
     q.fill_(-1.0)                # had q aliased the input, the replay's copy would read -1
     s_other.synchronize()
     tp.cuda.synchronize()
@@ -416,7 +416,7 @@ def test_a_graph_reset_during_its_replay_keeps_its_input_until_the_replay_ends()
     for _ in range(32):
         t = tp.empty(n, dtype=tp.float32, device="cuda")
         held.append(t)
-        if t._storage_.ptr == inp_ptr:
+        if t._storage.ptr == inp_ptr:
             found = True
             break
     assert found

@@ -22,7 +22,7 @@ ARCH = 90
 
 def fake_cuda(shape, dtype, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor_api._contiguous_strides(shape)
+    strides = strides or tp._tensor._contiguous_strides(shape)
     t._set_cuda(None, 0x100000, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -171,7 +171,7 @@ class _Recorder:
 
 def _fake_at(shape, dtype, ptr, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor_api._contiguous_strides(shape)
+    strides = strides or tp._tensor._contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -254,7 +254,7 @@ def test_ops_under_capture_register_their_storages(monkeypatch):
 
     def fake_with_storage(shape, dtype, ptr):
         t = tp.Tensor.__new__(tp.Tensor)
-        t._set_cuda(Storage(), ptr, shape, tp._tensor_api._contiguous_strides(shape), dtype.code, 0)
+        t._set_cuda(Storage(), ptr, shape, tp._tensor._contiguous_strides(shape), dtype.code, 0)
         return t
     a, b = fake_with_storage((4,), tp.float32, 0x10000), fake_with_storage((4,), tp.float32, 0x20000)
     out = fake_with_storage((4,), tp.float32, 0x30000)

@@ -14,7 +14,7 @@ from tensorplay._graph_nodes cimport describe_graph
 from tensorplay._kernel cimport Function
 from tensorplay._stager cimport Stager, make_stager
 from tensorplay._stream cimport Stream, as_stream, current_stream_handle, stream_wait_stream
-from tensorplay._tensor cimport TensorBase
+from tensorplay._tensor_base cimport TensorBase
 
 import os
 import sys

@@ -19,7 +19,7 @@ from libcpp.vector cimport vector
 
 from tensorplay._cuda cimport LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensure_context
 from tensorplay._kernel cimport Function, fill_launch_extra
-from tensorplay._tensor cimport DEVICE_CUDA, MAX_NDIM, TensorBase
+from tensorplay._tensor_base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
 
 import numpy
 

@@ -113,7 +113,7 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
     n = out.numel()
     if n == 0:
         return
-    dev = out._device_index_
+    dev = out._device_index
     if in_strides is None:
         in_strides = [t.strides for t in inputs]
     shape, strides, ndim = geometry(out.shape, [out.strides] + list(in_strides))
@@ -216,7 +216,7 @@ def launch_tiled_copy(dst, src, src_strides):
         return False
     _, cshape, cstrides, p, q = plan
     ndim = len(cshape)
-    dev = dst._device_index_
+    dev = dst._device_index
     out_dt, in_dt = dst.dtype, src.dtype
     key = ("tiled_copy", out_dt.code, in_dt.code, ndim, p, q)
 

@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor_api import Tensor, _resolve_device, empty, tensor
+from .._tensor import Tensor, _resolve_device, empty, tensor
 from .._kernels import cache as _kernels
 from ._promotion import result_type
 
@@ -127,7 +127,7 @@ def cat(tensors, dim=0, *, out=None):
     for t in tensors[1:]:
         if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
             raise ValueError(f"cat: shapes {ref.shape} and {t.shape} differ outside dim {d}")
-        if t._device_index_ != ref._device_index_:
+        if t._device_index != ref._device_index:
             raise ValueError(f"cat: tensors on {ref.device} and {t.device}")
     rtype = result_type(*tensors)
     shape = list(ref.shape)

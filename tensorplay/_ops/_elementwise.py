@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor_api import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
+from .._tensor import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from .._kernels import cache as _kernels, codegen as _codegen
 from ._promotion import can_cast, result_type
 
@@ -209,10 +209,10 @@ def _check_operand(x):
 
 
 def _device_of(tensors):
-    devs = {t._device_index_ for t in tensors}
+    devs = {t._device_index for t in tensors}
     if len(devs) > 1:
         # 0-dim CPU tensors combine with any device, as in PyTorch
-        non_scalar = {t._device_index_ for t in tensors if not (t.is_cpu and t.ndim == 0)}
+        non_scalar = {t._device_index for t in tensors if not (t.is_cpu and t.ndim == 0)}
         if len(non_scalar) > 1:
             names = sorted(str(t.device) for t in tensors)
             raise ValueError(f"expected all tensors on one device, got {', '.join(names)}")
@@ -227,7 +227,7 @@ def _prepare_out(out, shape, result, device, op):
         raise TypeError(f"out must be a Tensor, got {type(out).__name__}")
     if out.shape != tuple(shape):
         raise ValueError(f"{op}: out has shape {out.shape}, the result has shape {tuple(shape)}")
-    if out._device_index_ != device:
+    if out._device_index != device:
         raise ValueError(f"{op}: out is on {out.device}, the operands on "
                          f"{'cpu' if device < 0 else f'cuda:{device}'}")
     if not can_cast(result, out.dtype):
@@ -250,13 +250,13 @@ def _plan_key(op, operands, out, inplace):
         if tx in _SCALAR_TYPES:
             key.append(tx)
         elif isinstance(x, Tensor) and x.is_cuda:
-            key.append((x._dtype_code_, x.shape, x.strides, x._device_index_))
+            key.append((x._dtype_code, x.shape, x.strides, x._device_index))
         else:
             return None
     if out is not None:
         if not (isinstance(out, Tensor) and out.is_cuda):
             return None
-        key.append((out._dtype_code_, out.shape, out.strides, out._device_index_))
+        key.append((out._dtype_code, out.shape, out.strides, out._device_index))
     return tuple(key)
 
 

@@ -16,8 +16,8 @@ import struct
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor_api import Tensor, _as_source, _empty_cuda, copy_into, device_error_checks, empty, tensor
-from .._tensor import memcpy_dtoh, memset_d8_async
+from .._tensor import Tensor, _as_source, _empty_cuda, copy_into, device_error_checks, empty, tensor
+from .._memcpy import memcpy_dtoh, memset_d8_async
 from .._stream import current_stream_handle_of
 from .._kernels import cache as _kernels
 from ._elementwise import where
@@ -157,7 +157,7 @@ def _kernel(kind, d, ndim, p, dev):
 def _run(kind, view, dim, idx, other):
     """gather: other[...] = view[.., idx, ..]; scatter: view[.., idx, ..] = other[...].
     ``other`` is contiguous with shape view.shape[:dim] + (len(idx),) + view.shape[dim+1:]."""
-    dev = view._device_index_
+    dev = view._device_index
     n = other.numel()
     if n == 0:
         return
@@ -174,7 +174,7 @@ def _run(kind, view, dim, idx, other):
 def getitem(t, index):
     basic, adv_ix, dim = _split(t, index)
     view = basic_getitem(t, basic)
-    ix, on_host = _index_tensor(adv_ix, view._device_index_)
+    ix, on_host = _index_tensor(adv_ix, view._device_index)
     if ix.dtype is dt.bool_:
         view, host_idx = _mask_to_indices(ix, view, dim)
         out_idx_shape = (len(host_idx),)
@@ -202,10 +202,10 @@ def getitem(t, index):
 def setitem(t, index, value):
     basic, adv_ix, dim = _split(t, index)
     view = basic_getitem(t, basic)
-    ix, on_host = _index_tensor(adv_ix, view._device_index_)
+    ix, on_host = _index_tensor(adv_ix, view._device_index)
     scalar = isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)
     if ix.dtype is dt.bool_ and scalar and ix.shape == view.shape[dim:dim + ix.ndim] and dim == 0 \
-            and ix._device_index_ == view._device_index_:
+            and ix._device_index == view._device_index:
         # masked fill without a host round trip: view = where(mask, value, view)
         m = ix.reshape(ix.shape + (1,) * (view.ndim - ix.ndim))
         where(m, value, view, out=view)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _cublaslt as _lt, _dtypes as dt
 from .._stream import current_stream_handle_of
-from .._tensor_api import Tensor, _broadcast_shape, _empty_cuda, broadcast_strides, empty
+from .._tensor import Tensor, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from . import _blas
 from ._elementwise import _numpy_compute_dtype
 
@@ -68,9 +68,9 @@ def _check_operands(op, *tensors):
             raise TypeError(f"{op} expects one dtype, got {' and '.join(x.dtype.name for x in tensors)}")
     if d not in _FLOATS:
         raise TypeError(f"{op} supports float16, bfloat16, float32 and float64, not {d.name}")
-    dev = tensors[0]._device_index_
+    dev = tensors[0]._device_index
     for t in tensors[1:]:
-        if t._device_index_ != dev:
+        if t._device_index != dev:
             raise ValueError(f"{op}: operands on {tensors[0].device} and {t.device}")
 
 
@@ -203,7 +203,7 @@ def _product(a, b, batch, M, N, K, d, epilogue=None, bias_ptr=0, alpha=1.0, beta
     lt = _cublaslt()
     if epilogue is None:
         epilogue = lt.EPILOGUE_DEFAULT
-    dev = d._device_index_
+    dev = d._device_index
     d_strides = d.strides
     copied = False
     for _ in range(4):
@@ -298,8 +298,8 @@ def matmul(input, other, *, out=None):
     """
     a, b = input, other
     if out is None and type(a) is Tensor and type(b) is Tensor and a.is_cuda:
-        key = ("mm", a.shape, a.strides, b.shape, b.strides, a._dtype_code_, b._dtype_code_,
-               a._device_index_, b._device_index_, _blas.tf32_allowed(), a.data_ptr() & 15,
+        key = ("mm", a.shape, a.strides, b.shape, b.strides, a._dtype_code, b._dtype_code,
+               a._device_index, b._device_index, _blas.tf32_allowed(), a.data_ptr() & 15,
                b.data_ptr() & 15)
         recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
@@ -315,7 +315,7 @@ def matmul(input, other, *, out=None):
         np.copyto(res.numpy(), np.asarray(r).reshape(final), casting="unsafe")
         return res
     d = a.dtype
-    dev = a._device_index_
+    dev = a._device_index
     _cublaslt()
     _reserve_capture_workspace(dev)
     a_vec, b_vec = a.ndim == 1, b.ndim == 1
@@ -397,7 +397,7 @@ def _addmm_cuda(bias, a, b, M, N, K, beta, alpha, activation, out, shape):
     all with no C operand (a bias epilogue, or beta 0), for callers to cache."""
     lt = _cublaslt()
     d = a.dtype
-    dev = a._device_index_
+    dev = a._device_index
     _reserve_capture_workspace(dev)
     res = out if out is not None and _writable(out, True) else _empty_cuda(shape, d, dev)
     if res.numel() == 0:
@@ -476,8 +476,8 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
     bias, a, b = input, mat1, mat2
     if (out is None and type(a) is Tensor and type(b) is Tensor and type(bias) is Tensor and a.is_cuda
             and beta == 1):
-        key = ("addmm", bias.shape, bias.strides, a.shape, a.strides, b.shape, b.strides, a._dtype_code_,
-               b._dtype_code_, bias._dtype_code_, a._device_index_, b._device_index_, bias._device_index_,
+        key = ("addmm", bias.shape, bias.strides, a.shape, a.strides, b.shape, b.strides, a._dtype_code,
+               b._dtype_code, bias._dtype_code, a._device_index, b._device_index, bias._device_index,
                _blas.tf32_allowed(), activation, float(alpha), a.data_ptr() & 15, b.data_ptr() & 15,
                bias.data_ptr() & 15)
         recipe = _blas._tls_dict("recipes").get(key)
@@ -507,7 +507,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
         return res
     res, plan = _addmm_cuda(bias, a, b, M, N, K, beta, float(alpha), activation, out, (M, N))
     if plan is not None and key is not None:
-        _store(key, ((M, N), a.dtype, a._device_index_, plan))
+        _store(key, ((M, N), a.dtype, a._device_index, plan))
     if out is not None and res is not out:
         return out.copy_(res)
     return res
@@ -540,10 +540,10 @@ def linear(input, weight, bias=None, *, activation=None):
     _check_activation("linear", activation)
     x, w = input, weight
     if type(x) is Tensor and type(w) is Tensor and x.is_cuda and (bias is None or type(bias) is Tensor):
-        key = ("linear", x.shape, x.strides, w.shape, w.strides, x._dtype_code_, w._dtype_code_,
-               x._device_index_, w._device_index_, _blas.tf32_allowed(), activation, x.data_ptr() & 15,
+        key = ("linear", x.shape, x.strides, w.shape, w.strides, x._dtype_code, w._dtype_code,
+               x._device_index, w._device_index, _blas.tf32_allowed(), activation, x.data_ptr() & 15,
                w.data_ptr() & 15, None if bias is None else
-               (bias.shape, bias.strides, bias._dtype_code_, bias._device_index_, bias.data_ptr() & 15))
+               (bias.shape, bias.strides, bias._dtype_code, bias._device_index, bias.data_ptr() & 15))
         recipe = _blas._tls_dict("recipes").get(key)
         if recipe is not None:
             return _run_recipe(recipe, x.data_ptr(), w.data_ptr(), 0 if bias is None else bias.data_ptr())
@@ -568,8 +568,8 @@ def linear(input, weight, bias=None, *, activation=None):
     res, plan = _addmm_cuda(bias, x2, wt, M, w.shape[0], K, 1 if bias is not None else 0, 1.0, activation,
                             None, (M, w.shape[0]))
     # cacheable when the rows were read in place (reshape made a view)
-    if plan is not None and key is not None and x2.data_ptr() == x.data_ptr() and x2._storage_ is x._storage_:
-        _store(key, (shape, x.dtype, x._device_index_, plan))
+    if plan is not None and key is not None and x2.data_ptr() == x.data_ptr() and x2._storage is x._storage:
+        _store(key, (shape, x.dtype, x._device_index, plan))
     return res.view(*shape)
 
 

@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor import TensorBase as Tensor     # the compiled base: no import of the Tensor API
+from .._tensor_base import TensorBase as Tensor     # the compiled base: no import of the Tensor API
 
 _CAT = {"b": 0, "u": 1, "i": 1, "f": 2}
 

@@ -19,7 +19,7 @@ import struct
 import numpy as np
 
 from .. import _dtypes as dt, return_types
-from .._tensor_api import Tensor, _empty_cuda, empty, full
+from .._tensor import Tensor, _empty_cuda, empty, full
 from .._kernels import cache as _kernels, codegen as _codegen
 from ._elementwise import apply
 from ._views import permute
@@ -418,7 +418,7 @@ def _kernel(op, shape_kind, in_t, in_is_acc, out_dt, final, scaled, dev, warps_p
 def _launch_rows(op, src, outer, inner, out, scale=None, in_is_acc=False, in_idx=None, src_dtype=None):
     """Reduce contiguous CUDA ``src`` viewed as [outer, inner] into ``out`` (outer elements)."""
     kind, with_index = _KINDS[op]
-    dev = src._device_index_
+    dev = src._device_index
     in_dt = src_dtype if src_dtype is not None else src.dtype
     acc = _acc_dtype(op, in_dt)
     warps, chunks, chunk_len = row_plan(outer, inner, _kernels.sm_count(dev))
@@ -447,7 +447,7 @@ def _launch_rows(op, src, outer, inner, out, scale=None, in_is_acc=False, in_idx
 def _launch_columns(op, src, a, r, b, out, scale=None, in_is_acc=False, in_idx=None, src_dtype=None):
     """Reduce contiguous CUDA ``src`` viewed as [a, r, b] over r into ``out`` ([a, b])."""
     kind, with_index = _KINDS[op]
-    dev = src._device_index_
+    dev = src._device_index
     in_dt = src_dtype if src_dtype is not None else src.dtype
     acc = _acc_dtype(op, in_dt)
     in_t = acc if in_is_acc else in_dt
@@ -511,7 +511,7 @@ def reduce(op, t, dim=None, keepdim=False, dtype=None, out=None, scale=None):
             raise TypeError(f"out must be a Tensor, got {type(out).__name__}")
         if out.shape != out_shape:
             raise ValueError(f"{op}: out has shape {out.shape}, the result has shape {out_shape}")
-        if out._device_index_ != t._device_index_:
+        if out._device_index != t._device_index:
             raise ValueError(f"{op}: out is on {out.device}, the input on {t.device}")
         if out.dtype is not result:
             raise TypeError(f"{op}: out has dtype {out.dtype.name}, expected {result.name}")

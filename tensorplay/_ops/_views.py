@@ -11,14 +11,14 @@ import numbers
 
 from numpy.lib.stride_tricks import as_strided
 
-from .._tensor_api import _contiguous_strides
+from .._tensor import _contiguous_strides
 
 
 def _make_view(t, shape, strides, offset=0):
     shape, strides = tuple(shape), tuple(strides)
     if t.is_cuda:
         return t._view_of(shape, strides, offset)
-    arr = t._array_
+    arr = t._array
     isz = t.itemsize
     if offset:
         raise AssertionError("CPU views with offsets go through NumPy indexing")
@@ -75,7 +75,7 @@ def getitem(t, index):
         return t._view_of(tuple(new_shape), tuple(new_strides), offset)
     np_index = tuple(int(ix.__index__()) if not (ix is None or isinstance(ix, slice)) else ix
                      for ix in index)
-    return t._cpu_view(t._array_[np_index + (Ellipsis,)])
+    return t._cpu_view(t._array[np_index + (Ellipsis,)])
 
 
 def _view_strides(oldshape, oldstride, newshape):

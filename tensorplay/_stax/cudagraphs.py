@@ -26,7 +26,7 @@ from ..types import CaptureErrorMode, PoolLike
 if TYPE_CHECKING:
     from .. import Tensor
 else:
-    from .._tensor_api import Tensor
+    from .._tensor import Tensor
 
 __all__ = ["cudagraphify", "CUDAGraphified"]
 
@@ -86,7 +86,7 @@ class CUDAGraphified(Generic[P, R]):
             if isinstance(a, Tensor):
                 if not a.is_cuda:
                     raise TypeError("cudagraphify: tensor arguments must be CUDA tensors")
-                key.append(("T", a.shape, a.dtype.code, a._device_index_, a.strides))
+                key.append(("T", a.shape, a.dtype.code, a._device_index, a.strides))
             else:
                 try:
                     hash(a)

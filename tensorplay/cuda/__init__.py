@@ -23,7 +23,7 @@ from .._cuda import device_index as _device_index, live_counts as _live_counts, 
 from .._stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
                        stream)
 from .._stream import cached_stream_count as _cached_stream_count
-from .._tensor_api import run_device_error_checks as _run_device_error_checks
+from .._tensor import run_device_error_checks as _run_device_error_checks
 
 from ._custom import ElementwiseKernel, RawKernel
 from ._memory import memory_summary

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _dtypes as dt
 from .._stream import _as_stream, current_stream_handle_of
-from .._tensor_api import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
+from .._tensor import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
 from .._cuda import current_device
 from .._kernels import cache as _kernels, codegen as _codegen
 
@@ -108,7 +108,7 @@ def _pointer(a, device, k):
     if isinstance(a, Tensor):
         if not a.is_cuda:
             raise TypeError(f"argument {k}: a CPU tensor cannot be passed to a CUDA kernel")
-        if a._device_index_ != device:
+        if a._device_index != device:
             raise ValueError(f"argument {k}: tensor on {a.device}, kernel launched on cuda:{device}")
         return a.data_ptr()
     cai = getattr(a, "__cuda_array_interface__", None)
@@ -182,7 +182,7 @@ class RawKernel:
             raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
         if self._codes is not None and len(args) != len(self._codes):
             raise TypeError(f"{self.name} takes {len(self._codes)} arguments, {len(args)} given")
-        devices = {a._device_index_ for a in args if isinstance(a, Tensor) and a.is_cuda}
+        devices = {a._device_index for a in args if isinstance(a, Tensor) and a.is_cuda}
         if len(devices) > 1:
             raise ValueError(f"{self.name}: tensors on several devices {sorted(devices)}")
         device = devices.pop() if devices else current_device()
@@ -308,7 +308,7 @@ class ElementwiseKernel:
         for a in ins:
             if isinstance(a, Tensor):
                 shape = _broadcast_shape(shape, a.shape)
-        devs = {t._device_index_ for t in tensors}
+        devs = {t._device_index for t in tensors}
         if len(devs) != 1 or -1 in devs:
             raise ValueError(f"{self.name}: all tensors must be on one CUDA device, got {sorted(devs)}")
         dev = devs.pop()

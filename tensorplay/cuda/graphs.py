@@ -21,7 +21,7 @@ from .._cuda import CudaError, current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
 from .._kernels import graph_kernels
 from .._stream import current_stream, stream as use_stream, warmup_stream
-from .._tensor_api import Tensor as _Tensor
+from .._tensor import Tensor as _Tensor
 from ..types import CaptureErrorMode, PoolLike, StreamLike
 from . import _dot
 

@@ -22,16 +22,16 @@ cdef enum:
 
 
 cdef class TensorBase:
-    cdef object _storage            # CUDA: DeviceAllocation or ForeignStorage; CPU: None
-    cdef object _array              # CPU: the numpy array this tensor is
+    cdef readonly object _storage   # CUDA: DeviceAllocation or ForeignStorage; CPU: None
+    cdef readonly object _array     # CPU: the numpy array this tensor is
     cdef uintptr_t _ptr             # CUDA: address of the element at index 0
     cdef int _ndim
     cdef int64_t _shape[MAX_NDIM]
     cdef int64_t _strides[MAX_NDIM] # in elements
-    cdef int _dtype_code
+    cdef readonly int _dtype_code
     cdef int _itemsize
     cdef int _device_type
-    cdef int _device_index
+    cdef readonly int _device_index
     cdef object __weakref__
 
     cdef int64_t c_numel(self) noexcept

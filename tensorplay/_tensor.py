@@ -14,10 +14,12 @@ from . import _dtypes as dt
 from ._alloc import _allocate
 from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
 from ._device import as_device, device as _device_cls
+from ._dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from ._kernels import cache as _kernels
+from ._memcpy import host_reads_blocked as _host_reads_blocked
+from ._memcpy import memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
-from ._tensor import MAX_DIMS, TensorBase, memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
-from ._tensor import host_reads_blocked as _host_reads_blocked
+from ._tensor_base import MAX_DIMS, TensorBase
 
 __all__ = ["Tensor", "tensor", "empty", "zeros", "ones", "full", "arange", "empty_like",
            "zeros_like", "ones_like", "full_like", "from_numpy", "is_tensor"]
@@ -489,7 +491,7 @@ def run_device_error_checks(dev):
 
 def _upload(dst, host):
     """Copy the contiguous host array ``host`` (dst's dtype and shape) into CUDA ``dst``."""
-    dev = dst._device_index_
+    dev = dst._device_index
     memcpy_htod_async(dst.data_ptr(), host.ctypes.data, host.nbytes, dev, current_stream_handle_of(dev))
 
 
@@ -506,7 +508,7 @@ def _download(src):
         src = src.contiguous()
     d = src.dtype
     out = np.empty(src.shape, dtype=d.numpy_dtype)
-    dev = src._device_index_
+    dev = src._device_index
     memcpy_dtoh(out.ctypes.data, src.data_ptr(), out.nbytes, dev, current_stream_handle_of(dev))
     run_device_error_checks(dev)
     return out
@@ -536,7 +538,7 @@ def _as_source(src):
 
 def _overlaps(a, b):
     """True when two CUDA tensors' memory ranges intersect (and are not identical views)."""
-    if a._device_index_ != b._device_index_ or a.numel() == 0 or b.numel() == 0:
+    if a._device_index != b._device_index or a.numel() == 0 or b.numel() == 0:
         return False
     def span(t):
         lo = hi = t.data_ptr()
@@ -560,19 +562,19 @@ def copy_into(dst, src):
     if src.shape != shape:
         broadcast_strides(src, shape)   # ValueError if src cannot broadcast to dst
     if dst.is_cpu:
-        host = src._array_ if src.is_cpu else _download(src)
-        np.copyto(dst._array_, host, casting="unsafe")
+        host = src._array if src.is_cpu else _download(src)
+        np.copyto(dst._array, host, casting="unsafe")
         return dst
-    dev = dst._device_index_
+    dev = dst._device_index
     if src.is_cpu:
-        host = src._array_
+        host = src._array
         if src.shape == shape and dst.is_contiguous():
             _upload(dst, np.ascontiguousarray(host, dtype=dst.dtype.numpy_dtype))
             return dst
         tmp = _empty_cuda(src.shape, src.dtype, dev)
         _upload(tmp, np.ascontiguousarray(host))
         src = tmp
-    elif src._device_index_ != dev:
+    elif src._device_index != dev:
         src = _to_device(src, dev)
     elif _overlaps(dst, src):
         src = src.clone()
@@ -594,7 +596,7 @@ def _to_device(src, dev):
     if not src.is_contiguous():
         src = src.contiguous()
     out = _empty_cuda(src.shape, src.dtype, dev)
-    sdev = src._device_index_
+    sdev = src._device_index
     dst_stream = current_stream(dev)
     ev = Event()
     ev.record(current_stream(sdev))
@@ -622,7 +624,7 @@ def _fill_scalar(t, value):
     if not isinstance(value, numbers.Real):
         raise TypeError(f"fill value must be a real number, got {type(value).__name__}")
     if t.is_cpu:
-        t._array_[...] = value
+        t._array[...] = value
         return t
     if d.kind == "f":
         kind, v = "f", float(value)
@@ -664,12 +666,12 @@ class Tensor(TensorBase):
     @property
     def dtype(self):
         """The element type, a :class:`tensorplay.dtype`."""
-        return dt.ALL_DTYPES[self._dtype_code_]
+        return dt.ALL_DTYPES[self._dtype_code]
 
     @property
     def device(self):
         """Where the tensor lives, a :class:`tensorplay.device` (``cpu`` or ``cuda:N``)."""
-        i = self._device_index_
+        i = self._device_index
         return _device_cls("cpu") if i < 0 else _device_cls("cuda", i)
 
     def size(self, dim=None):
@@ -725,8 +727,8 @@ class Tensor(TensorBase):
         return (self[i] for i in range(self.shape[0]))
 
     def __repr__(self):
-        if self.is_cuda and _host_reads_blocked(self._device_index_,
-                                                current_stream_handle_of(self._device_index_)):
+        if self.is_cuda and _host_reads_blocked(self._device_index,
+                                                current_stream_handle_of(self._device_index)):
             return _capture_repr(self)     # a host copy would break the capture
         arr = self.numpy()
         body = np.array2string(arr.astype(np.float32) if self.dtype is dt.bfloat16 else arr,
@@ -748,13 +750,13 @@ class Tensor(TensorBase):
         is waited for, so it cannot be captured).
         """
         if self.is_cpu:
-            return self._array_
+            return self._array
         return _download(self)
 
     def __array__(self, dtype=None, copy=None):
         if self.is_cuda:
             raise TypeError("a CUDA tensor cannot be converted to NumPy implicitly; use .cpu() or .numpy()")
-        a = self._array_
+        a = self._array
         if dtype is not None:
             a = a.astype(dtype, copy=bool(copy))
         elif copy:
@@ -840,10 +842,10 @@ class Tensor(TensorBase):
                 device = a
         d = self.dtype if dtype is None else dt.as_dtype(dtype)
         if device is None:
-            dev = self._device_index_
+            dev = self._device_index
         else:
             dev = _resolve_device(device)
-        if not copy and d is self.dtype and dev == self._device_index_:
+        if not copy and d is self.dtype and dev == self._device_index:
             return self
         out = empty(self.shape, dtype=d, device="cpu" if dev < 0 else _device_cls("cuda", dev))
         return copy_into(out, self)
@@ -886,7 +888,7 @@ class Tensor(TensorBase):
     def zero_(self):
         """Fill with zeros in place (cuMemsetD8Async when contiguous)."""
         if self.is_cuda and self.is_contiguous():
-            dev = self._device_index_
+            dev = self._device_index
             memset_d8_async(self.data_ptr(), 0, self.nbytes, dev, current_stream_handle_of(dev))
             return self
         return _fill_scalar(self, 0)
@@ -921,25 +923,31 @@ class Tensor(TensorBase):
             return self.clone().__dlpack__(stream=stream, max_version=max_version)
         if self.is_cpu:
             kw = {} if max_version is None else {"max_version": max_version}
-            return self._array_.__dlpack__(**kw)
+            return self._array.__dlpack__(**kw)
         if stream is not None and stream != -1:
             if isinstance(stream, bool) or not isinstance(stream, int):
                 raise TypeError(f"stream must be an int or None, got {type(stream).__name__}")
             consumer = 0 if stream == 1 else stream
-            mine = current_stream_handle_of(self._device_index_)
+            mine = current_stream_handle_of(self._device_index)
             if consumer != mine:
                 ev = Event()
-                ev.record(current_stream(self._device_index_))
-                ExternalStream(consumer, device=self._device_index_).wait_event(ev)
+                ev.record(current_stream(self._device_index))
+                ExternalStream(consumer, device=self._device_index).wait_event(ev)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
-        return self._dlpack_capsule(versioned)
+        return _dlpack_capsule(self, versioned)
+
+    def __dlpack_device__(self):
+        """Return ``(device_type, device_id)`` of DLPack: ``(1, 0)`` for the CPU, ``(2, N)`` for cuda:N."""
+        if self.is_cpu:
+            return (DLPACK_DEVICE_CPU, 0)
+        return (DLPACK_DEVICE_CUDA, self._device_index)
 
     # ---------------------------------------------------------------- views
 
     def _view_of(self, shape, strides, offset_elems=0):
         """A CUDA view sharing storage (the storage keeps the memory alive)."""
-        return _new_cuda(self._storage_, self.data_ptr() + offset_elems * self.itemsize,
-                         tuple(shape), tuple(strides), self.dtype, self._device_index_)
+        return _new_cuda(self._storage, self.data_ptr() + offset_elems * self.itemsize,
+                         tuple(shape), tuple(strides), self.dtype, self._device_index)
 
     def _cpu_view(self, array):
         return _new_cpu(array, self.dtype)
