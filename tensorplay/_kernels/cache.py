@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Compiled-kernel cache and the elementwise launcher.
+"""Compiled-kernel cache, the launch-plan cache and the elementwise launcher.
 
 Kernels are looked up by a small descriptor tuple, so the CUDA C source is
-generated and compiled once per (op, dtypes, dims, device) and later launches
-cost a dict lookup plus packing the argument buffer.
+generated and compiled once per (op, dtypes, dims, device). What a launch
+needs beyond its pointers and scalars (the kernel, the grid, the packing
+format and the packed geometry) is a :class:`LaunchPlan`, kept in the one
+bounded :class:`PlanCache` of the library, :data:`plans`, beside the
+elementwise front end's typed :class:`ElementwisePlan`; a repeated launch
+costs a cache lookup plus packing the argument buffer.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import re
 import struct
 import threading
+from collections import OrderedDict
 
 from .._cuda import get_device_capability, get_device_properties
 from .._kernel import Module
@@ -65,6 +70,121 @@ def cached_function(key, device: int, make_source):
 def _ident(key) -> str:
     """A C identifier fragment naming a kernel key (tuples and all)."""
     return re.sub(r"\W+", "_", str(key)).strip("_")
+
+
+# ------------------------------------------------------------------ plans
+
+# Plans kept by :data:`plans`. A distinct elementwise call seen before holds
+# two (its ElementwisePlan and the LaunchPlan that one shares with every call
+# of the same kernel and collapsed geometry), so this keeps the 4096 calls
+# the front end used to keep, each at a few hundred bytes.
+PLAN_CACHE_SIZE = 8192
+
+
+class PlanCache:
+    """A bounded map from plan keys to plans: when full, storing a new plan
+    evicts the least recently used one (looked up or stored).
+
+    Keys are tuples led by what names the plan's kind, so kinds never
+    collide: a launch plan's key is ``(kernel key, device, collapsed shape,
+    collapsed strides)``, the kernel key a tuple as :func:`cached_function`
+    takes it; the elementwise front end's keys start with the op's name (a
+    str, see ``_ops._elementwise._plan_key``). Plans are immutable and never
+    None, and a plan is valid for as long as its key can be formed, so the
+    cache has no invalidation: :meth:`clear` only frees them (and drops
+    kernels that tests fake).
+
+    Lookups and stores take no lock: each is a few operations on an
+    ``OrderedDict``, atomic under the GIL, and a race only costs an eviction
+    order slightly off or a plan built twice.
+    """
+
+    __slots__ = ("maxsize", "_entries")
+
+    def __init__(self, maxsize: int = PLAN_CACHE_SIZE):
+        if maxsize < 1:
+            raise ValueError(f"a plan cache holds at least one plan, got maxsize={maxsize}")
+        self.maxsize = maxsize
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        """The plan stored under ``key`` (now the most recently used), or None."""
+        entries = self._entries
+        plan = entries.get(key)
+        if plan is not None:
+            try:
+                entries.move_to_end(key)
+            except KeyError:        # evicted by another thread meanwhile: still valid
+                pass
+        return plan
+
+    def put(self, key, plan):
+        """Store ``plan`` under ``key`` as the most recently used, evicting the
+        least recently used plans beyond :attr:`maxsize`; return ``plan``."""
+        entries = self._entries
+        entries[key] = plan
+        try:
+            entries.move_to_end(key)
+            while len(entries) > self.maxsize:
+                entries.popitem(last=False)
+        except KeyError:            # another thread evicted first
+            pass
+        return plan
+
+    def clear(self) -> None:
+        """Drop every plan."""
+        self._entries.clear()
+
+    def keys(self) -> list:
+        """The keys, least recently used first (for tests and debugging)."""
+        return list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key) -> bool:
+        """Whether ``key`` has a plan (without making it recently used)."""
+        return key in self._entries
+
+
+# The launch plans of the library: every LaunchPlan and the elementwise front
+# end's ElementwisePlans. Tests clear it to drop the kernels they fake.
+plans = PlanCache()
+
+
+class ElementwisePlan:
+    """The elementwise front end's plan for a repeated call
+    (``_ops._elementwise.apply``): everything but the operands' pointers and
+    scalar values, so a call seen before skips promotion, broadcasting and
+    geometry.
+
+    ``dtype``, ``shape`` and ``device`` describe the result (allocated when
+    the call gives no ``out``); ``launch_plan`` is the kernel's
+    :class:`LaunchPlan`; ``tensor_pos`` and ``scalar_pos`` are the positions
+    of the tensor and the scalar operands, and ``scalar_kinds`` passes each
+    scalar as double ('f') or long long ('i')."""
+
+    __slots__ = ("dtype", "shape", "device", "launch_plan", "tensor_pos", "scalar_pos", "scalar_kinds")
+
+    def __init__(self, dtype, shape, device, launch_plan, tensor_pos, scalar_pos, scalar_kinds):
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.device = device
+        self.launch_plan = launch_plan
+        self.tensor_pos = tuple(tensor_pos)
+        self.scalar_pos = tuple(scalar_pos)
+        self.scalar_kinds = tuple(scalar_kinds)
+
+    def __repr__(self):
+        return (f"ElementwisePlan({self.dtype.name}, shape={self.shape}, device={self.device}, "
+                f"tensors at {self.tensor_pos}, scalars at {self.scalar_pos} as {self.scalar_kinds})")
+
+
+def launch_plan_key(kernel_key, device: int, shape, strides):
+    """The :data:`plans` key of the launch of kernel ``kernel_key`` on
+    ``device`` over collapsed ``shape`` and ``strides`` (one sequence per
+    operand, as :func:`geometry` returns them)."""
+    return (kernel_key, device, tuple(shape), tuple(map(tuple, strides)))
 
 
 def grid_for(n: int, device: int) -> int:
