@@ -224,11 +224,13 @@ def vector_width(ptrs, itemsizes, numel: int) -> int:
 
 def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
                        scalars=(), scalar_kinds=(), preamble: str = "", stream=None):
-    """Launch ``out[i] = expr`` over ``out``'s shape.
+    """Launch ``out[i] = expr`` over ``out``'s shape; return its :class:`LaunchPlan`.
 
     ``inputs`` are CUDA tensors on ``out``'s device; ``in_strides`` gives each
     input's strides broadcast to ``out.shape`` (0 on broadcast dimensions).
     ``scalars`` are passed as double ('f') or long long ('i') per ``scalar_kinds``.
+    The plan is kept in :data:`plans` by kernel and collapsed geometry, so a
+    launch over the same shapes and strides again reuses it.
     """
     n = out.numel()
     if n == 0:
@@ -237,63 +239,76 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
     if in_strides is None:
         in_strides = [t.strides for t in inputs]
     shape, strides, ndim = geometry(out.shape, [out.strides] + list(in_strides))
-    out_dt = out.dtype
-    in_dts = tuple(t.dtype for t in inputs)
     kinds = tuple(scalar_kinds)
-    key = (op_key, out_dt.code, tuple(d.code for d in in_dts), ndim, kinds)
+    key = (op_key, out._dtype_code_, tuple(t._dtype_code_ for t in inputs), ndim, kinds)
+    pkey = launch_plan_key(key, dev, shape, strides)
+    plan = plans.get(pkey)
+    if plan is None:
+        out_dt = out.dtype
+        in_dts = tuple(t.dtype for t in inputs)
 
-    def make():
-        name = (f"tp_{_ident(op_key)}_{out_dt.name}_" + "_".join(d.name for d in in_dts) +
-                f"_{ndim}d")
-        return _codegen.elementwise_source(name, out_dt, in_dts, expr, ndim, kinds, preamble), name
+        def make():
+            name = (f"tp_{_ident(op_key)}_{out_dt.name}_" + "_".join(d.name for d in in_dts) +
+                    f"_{ndim}d")
+            return _codegen.elementwise_source(name, out_dt, in_dts, expr, ndim, kinds, preamble), name
 
-    f = cached_function(key, dev, make)
-    ptrs = [out.data_ptr()] + [t.data_ptr() for t in inputs]
-    itemsizes = (out_dt.itemsize,) + tuple(d.itemsize for d in in_dts) if not ndim else ()
-    plan = LaunchPlan(f, dev, n, len(ptrs), kinds, shape if ndim else (), strides if ndim else (),
-                      itemsizes)
+        f = cached_function(key, dev, make)
+        itemsizes = (out_dt.itemsize,) + tuple(d.itemsize for d in in_dts) if not ndim else ()
+        plan = plans.put(pkey, LaunchPlan(f, dev, n, 1 + len(in_dts), kinds, shape if ndim else (),
+                                          strides if ndim else (), itemsizes))
+    ptrs = [out.data_ptr()]
+    for t in inputs:
+        ptrs.append(t.data_ptr())
     plan.launch(ptrs, scalars, stream)
     return plan
 
 
 class LaunchPlan:
-    """Everything about an elementwise launch that depends only on the operands'
-    dtypes, shapes and strides: the kernel, the grid, the packing format and the
+    """Everything about a launch that depends only on the operands' dtypes,
+    shapes and strides: the kernel, the grid, the packing format and the
     packed geometry. Launching needs only the pointers and scalars.
 
-    Arguments are (pointers, n, 8-byte scalars, geometry): one thread per
-    element, grid-stride, on ``stream`` (default: the current stream).
+    Arguments are (pointers, n, 8-byte scalars, geometry): for elementwise
+    kernels one thread per element, grid-stride, on ``stream`` (default: the
+    current stream).
 
     ``itemsizes`` (one per pointer) marks a flat kernel (every operand
     contiguous, see ``_codegen.flat_kernel_text``): its grid covers tiles of
     several elements per thread. The kernel itself tests the pointers'
     alignment for its vector path, so a plan reused with other pointers
-    costs nothing more on the host."""
+    costs nothing more on the host. ``grid`` and ``block`` given are taken
+    as they are (the tiled copy's tiles)."""
 
-    __slots__ = ("f", "dev", "n", "fmt", "geom", "grid")
+    __slots__ = ("f", "dev", "n", "fmt", "geom", "grid", "block", "_pack")
 
-    def __init__(self, f, dev, n, nptrs, kinds, shape, strides, itemsizes=()):
+    def __init__(self, f, dev, n, nptrs, kinds, shape, strides, itemsizes=(), grid=None, block=BLOCK):
         self.f = f
         self.dev = dev
         self.n = n
         self.fmt = "<" + "Q" * nptrs + "q" + "".join("d" if k == "f" else "q" for k in kinds)
+        self._pack = struct.Struct(self.fmt).pack
         flat = list(shape)
         for st in strides:
             flat.extend(st)
         self.geom = struct.pack(f"<{len(flat)}q", *flat)
-        if itemsizes:
+        if grid is not None:
+            self.grid = grid
+        elif itemsizes:
             self.grid = flat_grid(n, _codegen.flat_tile(itemsizes), sm_count(dev))
         else:
             self.grid = grid_for(n, dev)
+        self.block = block
 
     def launch(self, ptrs, scalars, stream=None):
+        """Launch over ``ptrs`` and ``scalars`` on ``stream`` (a handle; None:
+        the current stream of the plan's device), cuLaunchKernel."""
         try:
-            params = struct.pack(self.fmt, *ptrs, self.n, *scalars) + self.geom
+            params = self._pack(*ptrs, self.n, *scalars) + self.geom
         except struct.error as exc:
             raise OverflowError(f"a scalar does not fit the kernel's argument type: {exc}") from None
         if stream is None:
             stream = current_stream_handle_of(self.dev)
-        self.f.launch(self.grid, BLOCK, params, 0, stream)
+        self.f.launch(self.grid, self.block, params, 0, stream)
 
 
 def geometry(shape, strides_list):
@@ -330,27 +345,32 @@ def copy_strategy(shape, src_strides, dst_strides):
 
 def launch_tiled_copy(dst, src, src_strides):
     """Copy CUDA ``src`` (strides broadcast to ``dst``) into ``dst`` through
-    shared-memory tiles when ``copy_strategy`` says so; False otherwise."""
-    plan = copy_strategy(dst.shape, src_strides, dst.strides)
-    if plan[0] != "tile":
+    shared-memory tiles when ``copy_strategy`` says so; False otherwise. The
+    launch's plan is kept in :data:`plans` by kernel and collapsed geometry."""
+    strategy = copy_strategy(dst.shape, src_strides, dst.strides)
+    if strategy[0] != "tile":
         return False
-    _, cshape, cstrides, p, q = plan
+    _, cshape, cstrides, p, q = strategy
     ndim = len(cshape)
     dev = dst._device_index_
-    out_dt, in_dt = dst.dtype, src.dtype
-    key = ("tiled_copy", out_dt.code, in_dt.code, ndim, p, q)
+    key = ("tiled_copy", dst._dtype_code_, src._dtype_code_, ndim, p, q)
+    pkey = launch_plan_key(key, dev, cshape, cstrides)
+    plan = plans.get(pkey)
+    if plan is None:
+        out_dt, in_dt = dst.dtype, src.dtype
 
-    def make():
-        name = f"tp_tiled_copy_{out_dt.name}_{in_dt.name}_{ndim}d_{p}{q}"
-        return _codegen.tiled_copy_source(name, out_dt, in_dt, ndim, p, q), name
-    f = cached_function(key, dev, make)
-    tile = _codegen.TILE
-    ntiles = -(-cshape[p] // tile) * -(-cshape[q] // tile)
-    for d, size in enumerate(cshape):
-        if d not in (p, q):
-            ntiles *= size
-    grid = max(1, min(ntiles, sm_count(dev) * TILED_COPY_BLOCKS_PER_SM))
-    flat = list(cshape) + list(cstrides[0]) + list(cstrides[1])
-    params = struct.pack(f"<QQq{len(flat)}q", dst.data_ptr(), src.data_ptr(), ntiles, *flat)
-    f.launch(grid, (tile, _codegen.TILE_ROWS), params, 0, current_stream_handle_of(dev))
+        def make():
+            name = f"tp_tiled_copy_{out_dt.name}_{in_dt.name}_{ndim}d_{p}{q}"
+            return _codegen.tiled_copy_source(name, out_dt, in_dt, ndim, p, q), name
+        f = cached_function(key, dev, make)
+        tile = _codegen.TILE
+        ntiles = -(-cshape[p] // tile) * -(-cshape[q] // tile)
+        for d, size in enumerate(cshape):
+            if d not in (p, q):
+                ntiles *= size
+        grid = max(1, min(ntiles, sm_count(dev) * TILED_COPY_BLOCKS_PER_SM))
+        # arguments (dst, src, ntiles, shape, dst strides, src strides)
+        plan = plans.put(pkey, LaunchPlan(f, dev, ntiles, 2, (), cshape, cstrides, grid=grid,
+                                          block=(tile, _codegen.TILE_ROWS)))
+    plan.launch((dst.data_ptr(), src.data_ptr()), ())
     return True
