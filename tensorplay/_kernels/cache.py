@@ -94,9 +94,12 @@ class PlanCache:
     cache has no invalidation: :meth:`clear` only frees them (and drops
     kernels that tests fake).
 
-    Lookups and stores take no lock: each is a few operations on an
-    ``OrderedDict``, atomic under the GIL, and a race only costs an eviction
-    order slightly off or a plan built twice.
+    Each entry keeps the key object it was stored under, so a lookup (with a
+    key built afresh, equal but not identical) compares the nested key tuples
+    once, not again to mark the entry recently used. Lookups and stores take
+    no lock: each step is one ``OrderedDict`` operation, atomic under the
+    GIL, and a race only costs an eviction order slightly off or a plan built
+    twice.
     """
 
     __slots__ = ("maxsize", "_entries")
@@ -105,30 +108,30 @@ class PlanCache:
         if maxsize < 1:
             raise ValueError(f"a plan cache holds at least one plan, got maxsize={maxsize}")
         self.maxsize = maxsize
-        self._entries: OrderedDict = OrderedDict()
+        self._entries: OrderedDict = OrderedDict()     # key -> (plan, the key object stored)
 
     def get(self, key):
         """The plan stored under ``key`` (now the most recently used), or None."""
-        entries = self._entries
-        plan = entries.get(key)
-        if plan is not None:
-            try:
-                entries.move_to_end(key)
-            except KeyError:        # evicted by another thread meanwhile: still valid
-                pass
-        return plan
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        try:
+            self._entries.move_to_end(entry[1])    # the stored key: found by identity
+        except KeyError:                           # evicted by another thread meanwhile: still valid
+            pass
+        return entry[0]
 
     def put(self, key, plan):
         """Store ``plan`` under ``key`` as the most recently used, evicting the
         least recently used plans beyond :attr:`maxsize`; return ``plan``."""
         entries = self._entries
-        entries[key] = plan
-        try:
-            entries.move_to_end(key)
-            while len(entries) > self.maxsize:
+        entries.pop(key, None)                     # a new entry goes last, with this key object
+        entries[key] = (plan, key)
+        while len(entries) > self.maxsize:
+            try:
                 entries.popitem(last=False)
-        except KeyError:            # another thread evicted first
-            pass
+            except KeyError:                       # another thread evicted first
+                break
         return plan
 
     def clear(self) -> None:
