@@ -54,10 +54,10 @@ def activation_reference(r, activation):
 @pytest.fixture(autouse=True)
 def _fresh_launch_plans():
     """Launch plans cache kernels; tests that fake the kernels must not leak them."""
-    from tensorplay._ops import _elementwise
-    _elementwise._plans.clear()
+    from tensorplay._kernels import cache
+    cache.plans.clear()
     yield
-    _elementwise._plans.clear()
+    cache.plans.clear()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ each kernel compiles with NVRTC (checked in its PTX for the memory accesses
 it is meant to make)."""
 
 import itertools
+import struct
 import random
 
 import pytest
@@ -303,3 +304,208 @@ def test_transposing_copies_launch_the_tiled_kernel(monkeypatch):
     far = 0x100000 + 8192 * 8192 * 8
     tp._tensor.copy_into(dst[:, :4096], _fake((8192, 8192), tp.float32, far)[:, ::2])
     assert rec.log[0][0][0] == "copy"                                         # strided, not transposed
+
+
+# ------------------------------------------------------------------ the plan cache
+
+from tensorplay._ops import _elementwise  # noqa: E402
+from tensorplay.cuda import _custom  # noqa: E402
+
+
+def _fake_on(shape, dtype, device=0, ptr=0x100000, strides=None):
+    t = tp.Tensor.__new__(tp.Tensor)
+    strides = strides or tp._tensor._contiguous_strides(shape)
+    t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, device)
+    return t
+
+
+class _CountedLaunches(_Launches):
+    """Kernels that record their launches and count how often one is fetched."""
+    def __init__(self):
+        super().__init__()
+        self.fetched = 0
+
+    def function(self, key, dev, make):
+        self.fetched += 1
+        return super().function(key, dev, make)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    rec = _CountedLaunches()
+    monkeypatch.setattr(_kernels, "cached_function", rec.function)
+    monkeypatch.setitem(_kernels._sm_cache, 0, 132)
+    monkeypatch.setitem(_kernels._sm_cache, 1, 132)
+    monkeypatch.setattr(_kernels, "current_stream_handle_of", lambda dev: 0)
+    return rec
+
+
+def test_plan_cache_is_bounded_and_evicts_the_least_recently_used():
+    c = _kernels.PlanCache(3)
+    for k in "abc":
+        c.put(k, k.upper())
+    assert c.keys() == ["a", "b", "c"] and len(c) == 3
+    assert c.get("a") == "A"                 # a becomes the most recently used
+    c.put("d", "D")                          # evicts b, the least recently used
+    assert c.keys() == ["c", "a", "d"] and "b" not in c and c.get("b") is None
+    c.put("c", "C2")                         # storing again refreshes and replaces
+    c.put("e", "E")                          # evicts a
+    assert c.keys() == ["d", "c", "e"] and c.get("c") == "C2"
+    assert "d" in c and c.keys()[0] == "d"   # a membership test does not refresh
+    for i in range(100):
+        assert c.put(i, i) == i
+    assert len(c) == 3 and c.keys() == [97, 98, 99]
+    c.clear()
+    assert len(c) == 0 and c.get(99) is None and c.keys() == []
+    with pytest.raises(ValueError):
+        _kernels.PlanCache(0)
+    assert _kernels.plans.maxsize == _kernels.PLAN_CACHE_SIZE >= 4096
+
+
+def test_plan_keys_tell_dtype_shape_strides_device_and_scalar_types_apart():
+    key = _elementwise._plan_key
+    f32, f64 = tp.float32, tp.float64
+    a, b, o = _fake_on((4, 3), f32), _fake_on((4, 3), f32, ptr=0x200000), _fake_on((4, 3), f32, ptr=0x300000)
+    base = key("add", (a, b), o, False)
+    assert base is not None and hash(base) == hash(key("add", (a, b), o, False))
+    # other pointers, the same plan: a plan holds no address
+    assert key("add", (_fake_on((4, 3), f32, ptr=0x900000), b), o, False) == base
+    variants = [
+        key("sub", (a, b), o, False),                                         # op
+        key("add", (a, b), o, True),                                          # in place
+        key("add", (a, b), None, False),                                      # no out
+        key("add", (_fake_on((4, 3), f64), b), o, False),                     # dtype
+        key("add", (a, b), _fake_on((4, 3), f64), False),                     # out dtype
+        key("add", (_fake_on((1, 3), f32), b), o, False),                     # shape
+        key("add", (_fake_on((4, 3), f32, strides=(1, 4)), b), o, False),     # strides
+        key("add", (a, b), _fake_on((4, 3), f32, strides=(1, 4)), False),     # out strides
+        key("add", (_fake_on((4, 3), f32, device=1), b), o, False),           # device
+        key("add", (a, 1), o, False),                                         # int scalar
+        key("add", (a, 1.0), o, False),                                       # float scalar
+        key("add", (a, True), o, False),                                      # bool scalar
+        key("add", (1, a), o, False),                                         # operand order
+    ]
+    assert all(v is not None for v in variants)
+    assert len({base, *variants}) == len(variants) + 1
+    assert key("add", (a, 2), o, False) == key("add", (a, 3), o, False)       # values are not keyed
+    # calls that are not planned
+    assert key("add", (a, tp.zeros(())), o, False) is None                    # a CPU tensor
+    assert key("add", (a, b), tp.zeros((4, 3)), False) is None                # a CPU out
+    import numpy as np
+    assert key("add", (a, np.float32(1)), o, False) is None                   # a NumPy scalar
+    # launch-plan keys: the kernel and the collapsed geometry, never the front end's
+    lk = _kernels.launch_plan_key
+    k = ("copy", 0, (0,), 2, ())
+    assert lk(k, 0, (4, 3), [[3, 1], [1, 4]]) == lk(k, 0, (4, 3), ([3, 1], [1, 4]))
+    assert len({lk(k, 0, (4, 3), [[3, 1], [1, 4]]), lk(k, 1, (4, 3), [[3, 1], [1, 4]]),
+                lk(k, 0, (4, 3), [[3, 1], [1, 3]]), lk(k, 0, (3, 4), [[3, 1], [1, 4]]),
+                lk(("copy", 1, (0,), 2, ()), 0, (4, 3), [[3, 1], [1, 4]])}) == 5
+    assert isinstance(base[0], str) and isinstance(lk(k, 0, (), [[]])[0], tuple)
+
+
+def test_launch_plans_are_reused_for_the_same_geometry_only(counted):
+    f32 = tp.float32
+    launch = _kernels.launch_elementwise
+    src, dst = _fake_on((64, 48), f32, ptr=0x100000), _fake_on((64, 48), f32, ptr=0x200000)
+    p1 = launch("copy", "a0", dst, (src,), (src.strides,))
+    p2 = launch("copy", "a0", _fake_on((64, 48), f32, ptr=0x300000), (_fake_on((64, 48), f32, ptr=0x400000),),
+                ((48, 1),))
+    assert p2 is p1 and counted.fetched == 1                      # no new plan, no kernel lookup
+    (_, g1, b1, params1), (_, g2, b2, params2) = counted.log
+    assert (g1, b1) == (g2, b2) and params1[16:] == params2[16:] and params1[:16] != params2[:16]
+    # the same collapsed geometry from another shape shares the plan
+    assert launch("copy", "a0", _fake_on((3072,), f32), (_fake_on((3072,), f32),), ((1,),)) is p1
+    # other strides: another plan (and another kernel: a strided one)
+    t = _fake_on((64, 48), f32, strides=(1, 64))
+    p3 = launch("copy", "a0", dst, (t,), (t.strides,))
+    assert p3 is not p1 and counted.fetched == 2
+    p4 = launch("copy", "a0", dst, (t,), ((2, 128),))            # same kernel, other strides
+    assert p4 is not p3 and p4.f is not None and counted.fetched == 3
+    assert launch("copy", "a0", dst, (t,), ((2, 128),)) is p4 and counted.fetched == 3
+    # another device, another dtype, other scalar kinds: other plans
+    d1 = _fake_on((64, 48), f32, device=1)
+    assert launch("copy", "a0", d1, (_fake_on((64, 48), f32, device=1),), ((48, 1),)) is not p1
+    assert launch("copy", "a0", dst, (_fake_on((64, 48), tp.float64),), ((48, 1),)) is not p1
+    assert (launch("fill", "s0", dst, (), (), (1.0,), ("f",)) is not
+            launch("fill", "s0", dst, (), (), (1,), ("i",)))
+    assert launch("fill", "s0", dst, (), (), (2.0,), ("f",)) is launch("fill", "s0", dst, (), (), (3.0,), ("f",))
+
+
+def test_the_front_end_keeps_typed_plans_in_the_same_cache(counted):
+    f32 = tp.float32
+    a, b, o = _fake_on((4, 3), f32), _fake_on((3,), f32, ptr=0x200000), _fake_on((4, 3), f32, ptr=0x300000)
+    _elementwise.apply("mul", a, 2.5, out=o)
+    plan = _kernels.plans.get(_elementwise._plan_key("mul", (a, 2.5), o, False))
+    assert isinstance(plan, _kernels.ElementwisePlan)
+    assert (plan.dtype, plan.shape, plan.device) == (f32, (4, 3), 0)
+    assert (plan.tensor_pos, plan.scalar_pos, plan.scalar_kinds) == ((0,), (1,), ("f",))
+    assert isinstance(plan.launch_plan, _kernels.LaunchPlan)
+    assert len(_kernels.plans) == 2                               # the typed plan and its launch plan
+    _elementwise.apply("mul", a, 4.0, out=o)                      # replays the typed plan
+    assert counted.fetched == 1 and len(counted.log) == 2 and len(_kernels.plans) == 2
+    assert struct.unpack_from("<QQqd", counted.log[1][3]) == (o.data_ptr(), a.data_ptr(), 12, 4.0)
+    # front-end calls over other shapes whose geometry collapses alike share the launch plan
+    _elementwise.apply("mul", _fake_on((12,), f32), 2.5, out=_fake_on((12,), f32))
+    plan12 = _kernels.plans.get(_elementwise._plan_key("mul", (_fake_on((12,), f32), 2.5),
+                                                         _fake_on((12,), f32), False))
+    assert plan12 is not plan and plan12.launch_plan is plan.launch_plan and counted.fetched == 1
+    # a broadcast operand: another kernel
+    _elementwise.apply("add", a, b, out=o)
+    bplan = _kernels.plans.get(_elementwise._plan_key("add", (a, b), o, False))
+    assert bplan.tensor_pos == (0, 1) and bplan.scalar_pos == () and bplan.launch_plan is not plan.launch_plan
+
+
+def test_the_library_plan_cache_stays_bounded(counted, monkeypatch):
+    monkeypatch.setattr(_kernels.plans, "maxsize", 6)
+    f32 = tp.float32
+    for n in range(1, 21):
+        x = _fake_on((n, 5), f32)
+        _elementwise.apply("neg", x, out=_fake_on((n, 5), f32, ptr=0x200000))
+        assert len(_kernels.plans) <= 6
+    last = _elementwise._plan_key("neg", (_fake_on((20, 5), f32),), _fake_on((20, 5), f32), False)
+    first = _elementwise._plan_key("neg", (_fake_on((1, 5), f32),), _fake_on((1, 5), f32), False)
+    assert last in _kernels.plans and first not in _kernels.plans
+    fetched = counted.fetched
+    _elementwise.apply("neg", _fake_on((1, 5), f32), out=_fake_on((1, 5), f32))   # evicted: planned again
+    assert counted.fetched == fetched + 1 and first in _kernels.plans
+
+
+def test_clearing_the_plan_cache_makes_launches_plan_again(counted):
+    f32 = tp.float32
+    a, o = _fake_on((4, 3), f32), _fake_on((4, 3), f32, ptr=0x200000)
+    p1 = _kernels.launch_elementwise("copy", "a0", o, (a,), (a.strides,))
+    _elementwise.apply("exp", a, out=o)
+    key = _elementwise._plan_key("exp", (a,), o, False)
+    assert key in _kernels.plans and len(_kernels.plans) == 3 and counted.fetched == 2
+    _kernels.plans.clear()
+    assert len(_kernels.plans) == 0 and key not in _kernels.plans
+    p2 = _kernels.launch_elementwise("copy", "a0", o, (a,), (a.strides,))
+    assert p2 is not p1 and counted.fetched == 3
+    _elementwise.apply("exp", a, out=o)
+    assert key in _kernels.plans and counted.fetched == 4
+
+
+def test_tiled_copies_and_elementwise_kernels_reuse_their_plans(counted):
+    f32 = tp.float32
+    src = _fake_on((64, 48), f32, ptr=0x100000, strides=(1, 64))             # a transpose
+    dst = _fake_on((64, 48), f32, ptr=0x200000)
+    assert _kernels.launch_tiled_copy(dst, src, src.strides)
+    assert _kernels.launch_tiled_copy(_fake_on((64, 48), f32, ptr=0x300000), src, src.strides)
+    assert counted.fetched == 1 and len(_kernels.plans) == 1
+    (k1, g1, b1, p1), (k2, g2, b2, p2) = counted.log
+    # the arguments the tiled copy always passed: (dst, src, tiles, shape, dst strides, src strides)
+    assert p1 == struct.pack("<QQq6q", 0x200000, 0x100000, 2 * 2, 64, 48, 48, 1, 1, 64)
+    assert p2 == struct.pack("<QQq6q", 0x300000, 0x100000, 2 * 2, 64, 48, 48, 1, 1, 64)
+    assert k1 == k2 and k1[0] == "tiled_copy" and b1 == b2 == (32, 8) and g1 == g2 == 4
+    assert not _kernels.launch_tiled_copy(dst, dst, dst.strides) and len(_kernels.plans) == 1
+    counted.log.clear()
+    k = _custom.ElementwiseKernel("T x, float32 a", "T z", "z = a * x", "scale_t")
+    x, z = _fake_on((4, 5), f32, ptr=0x400000), _fake_on((4, 5), f32, ptr=0x500000)
+    k(x, 2.0, z)
+    k(_fake_on((4, 5), f32, ptr=0x600000), 3.0, z)
+    assert counted.fetched == 2 and len(_kernels.plans) == 2
+    (_, g1, b1, p1), (_, g2, b2, p2) = counted.log
+    assert struct.unpack("<QQqd", p1) == (0x400000, 0x500000, 20, 2.0)
+    assert struct.unpack("<QQqd", p2) == (0x600000, 0x500000, 20, 3.0)
+    k(x, 2.0, _fake_on((4, 5), f32, strides=(1, 4)))                       # other strides: another plan
+    assert counted.fetched == 3 and len(_kernels.plans) == 3

@@ -204,19 +204,19 @@ def test_launch_plans_pack_what_the_full_path_packs(monkeypatch):
             result, _ = _elementwise._dtypes_for(op, _elementwise.OPS[op][0], operands(0x10000))
         except TypeError:
             continue
-        _elementwise._plans.clear()
+        _kernels.plans.clear()
         _elementwise.apply(op, *operands(0x10000), out=_fake_at(shape, result, 0x90000))   # makes a plan
         log.clear()
         _elementwise.apply(op, *operands(0x20000), out=_fake_at(shape, result, 0xA0000))   # replays it
         planned = log[:]
         assert len(planned) == 1
-        _elementwise._plans.clear()
+        _kernels.plans.clear()
         log.clear()
         _elementwise.apply(op, *operands(0x20000), out=_fake_at(shape, result, 0xA0000))   # full path
         assert log == planned, (op, da, db, shape, bshape, scalar)
         compared += 1
     assert compared > 150
-    _elementwise._plans.clear()
+    _kernels.plans.clear()
 
 
 def test_launch_plans_allocate_outputs_and_check_scalar_ranges(monkeypatch):
@@ -230,7 +230,7 @@ def test_launch_plans_allocate_outputs_and_check_scalar_ranges(monkeypatch):
         return _fake_at(shape, dtype, 0x500000 + 0x1000 * len(made))
     monkeypatch.setattr(_elementwise, "_empty_cuda", fake_empty)
     monkeypatch.setattr(_elementwise, "empty", lambda shape, dtype, device: fake_empty(shape, dtype, 0))
-    _elementwise._plans.clear()
+    _kernels.plans.clear()
     a = _fake_at((3,), tp.int64, 0x1000)
     r1 = _elementwise.apply("add", a, 1)
     r2 = _elementwise.apply("add", a, 2)          # from the plan
@@ -238,7 +238,7 @@ def test_launch_plans_allocate_outputs_and_check_scalar_ranges(monkeypatch):
     assert log[0][0] == log[1][0] and log[0][3][:8] != log[1][3][:8]
     with pytest.raises(OverflowError):
         _elementwise.apply("add", a, 2 ** 70)
-    _elementwise._plans.clear()
+    _kernels.plans.clear()
 
 
 def test_ops_under_capture_register_their_storages(monkeypatch):

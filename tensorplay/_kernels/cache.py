@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Compiled-kernel cache and the elementwise launcher.
+"""Compiled-kernel cache, the launch-plan cache and the elementwise launcher.
 
 Kernels are looked up by a small descriptor tuple, so the CUDA C source is
-generated and compiled once per (op, dtypes, dims, device) and later launches
-cost a dict lookup plus packing the argument buffer.
+generated and compiled once per (op, dtypes, dims, device). What a launch
+needs beyond its pointers and scalars (the kernel, the grid, the packing
+format and the packed geometry) is a :class:`LaunchPlan`, kept in the one
+bounded :class:`PlanCache` of the library, :data:`plans`, beside the
+elementwise front end's typed :class:`ElementwisePlan`; a repeated launch
+costs a cache lookup plus packing the argument buffer.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import re
 import struct
 import threading
+from collections import OrderedDict
 
 from .._cuda import get_device_capability, get_device_properties
 from .._kernel import Module
@@ -67,6 +72,124 @@ def _ident(key) -> str:
     return re.sub(r"\W+", "_", str(key)).strip("_")
 
 
+# ------------------------------------------------------------------ plans
+
+# Plans kept by :data:`plans`. A distinct elementwise call seen before holds
+# two (its ElementwisePlan and the LaunchPlan that one shares with every call
+# of the same kernel and collapsed geometry), so this keeps the 4096 calls
+# the front end used to keep, each at a few hundred bytes.
+PLAN_CACHE_SIZE = 8192
+
+
+class PlanCache:
+    """A bounded map from plan keys to plans: when full, storing a new plan
+    evicts the least recently used one (looked up or stored).
+
+    Keys are tuples led by what names the plan's kind, so kinds never
+    collide: a launch plan's key is ``(kernel key, device, collapsed shape,
+    collapsed strides)``, the kernel key a tuple as :func:`cached_function`
+    takes it; the elementwise front end's keys start with the op's name (a
+    str, see ``_ops._elementwise._plan_key``). Plans are immutable and never
+    None, and a plan is valid for as long as its key can be formed, so the
+    cache has no invalidation: :meth:`clear` only frees them (and drops
+    kernels that tests fake).
+
+    Each entry keeps the key object it was stored under, so a lookup (with a
+    key built afresh, equal but not identical) compares the nested key tuples
+    once, not again to mark the entry recently used. Lookups and stores take
+    no lock: each step is one ``OrderedDict`` operation, atomic under the
+    GIL, and a race only costs an eviction order slightly off or a plan built
+    twice.
+    """
+
+    __slots__ = ("maxsize", "_entries")
+
+    def __init__(self, maxsize: int = PLAN_CACHE_SIZE):
+        if maxsize < 1:
+            raise ValueError(f"a plan cache holds at least one plan, got maxsize={maxsize}")
+        self.maxsize = maxsize
+        self._entries: OrderedDict = OrderedDict()     # key -> (plan, the key object stored)
+
+    def get(self, key):
+        """The plan stored under ``key`` (now the most recently used), or None."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        try:
+            self._entries.move_to_end(entry[1])    # the stored key: found by identity
+        except KeyError:                           # evicted by another thread meanwhile: still valid
+            pass
+        return entry[0]
+
+    def put(self, key, plan):
+        """Store ``plan`` under ``key`` as the most recently used, evicting the
+        least recently used plans beyond :attr:`maxsize`; return ``plan``."""
+        entries = self._entries
+        entries.pop(key, None)                     # a new entry goes last, with this key object
+        entries[key] = (plan, key)
+        while len(entries) > self.maxsize:
+            try:
+                entries.popitem(last=False)
+            except KeyError:                       # another thread evicted first
+                break
+        return plan
+
+    def clear(self) -> None:
+        """Drop every plan."""
+        self._entries.clear()
+
+    def keys(self) -> list:
+        """The keys, least recently used first (for tests and debugging)."""
+        return list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key) -> bool:
+        """Whether ``key`` has a plan (without making it recently used)."""
+        return key in self._entries
+
+
+# The launch plans of the library: every LaunchPlan and the elementwise front
+# end's ElementwisePlans. Tests clear it to drop the kernels they fake.
+plans = PlanCache()
+
+
+class ElementwisePlan:
+    """The elementwise front end's plan for a repeated call
+    (``_ops._elementwise.apply``): everything but the operands' pointers and
+    scalar values, so a call seen before skips promotion, broadcasting and
+    geometry.
+
+    ``dtype``, ``shape`` and ``device`` describe the result (allocated when
+    the call gives no ``out``); ``launch_plan`` is the kernel's
+    :class:`LaunchPlan`; ``tensor_pos`` and ``scalar_pos`` are the positions
+    of the tensor and the scalar operands, and ``scalar_kinds`` passes each
+    scalar as double ('f') or long long ('i')."""
+
+    __slots__ = ("dtype", "shape", "device", "launch_plan", "tensor_pos", "scalar_pos", "scalar_kinds")
+
+    def __init__(self, dtype, shape, device, launch_plan, tensor_pos, scalar_pos, scalar_kinds):
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.device = device
+        self.launch_plan = launch_plan
+        self.tensor_pos = tuple(tensor_pos)
+        self.scalar_pos = tuple(scalar_pos)
+        self.scalar_kinds = tuple(scalar_kinds)
+
+    def __repr__(self):
+        return (f"ElementwisePlan({self.dtype.name}, shape={self.shape}, device={self.device}, "
+                f"tensors at {self.tensor_pos}, scalars at {self.scalar_pos} as {self.scalar_kinds})")
+
+
+def launch_plan_key(kernel_key, device: int, shape, strides):
+    """The :data:`plans` key of the launch of kernel ``kernel_key`` on
+    ``device`` over collapsed ``shape`` and ``strides`` (one sequence per
+    operand, as :func:`geometry` returns them)."""
+    return (kernel_key, device, tuple(shape), tuple(map(tuple, strides)))
+
+
 def grid_for(n: int, device: int) -> int:
     blocks = (n + BLOCK - 1) // BLOCK
     return max(1, min(blocks, sm_count(device) * 16))
@@ -104,11 +227,13 @@ def vector_width(ptrs, itemsizes, numel: int) -> int:
 
 def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
                        scalars=(), scalar_kinds=(), preamble: str = "", stream=None):
-    """Launch ``out[i] = expr`` over ``out``'s shape.
+    """Launch ``out[i] = expr`` over ``out``'s shape; return its :class:`LaunchPlan`.
 
     ``inputs`` are CUDA tensors on ``out``'s device; ``in_strides`` gives each
     input's strides broadcast to ``out.shape`` (0 on broadcast dimensions).
     ``scalars`` are passed as double ('f') or long long ('i') per ``scalar_kinds``.
+    The plan is kept in :data:`plans` by kernel and collapsed geometry, so a
+    launch over the same shapes and strides again reuses it.
     """
     n = out.numel()
     if n == 0:
@@ -117,63 +242,76 @@ def launch_elementwise(op_key, expr: str, out, inputs=(), in_strides=None,
     if in_strides is None:
         in_strides = [t.strides for t in inputs]
     shape, strides, ndim = geometry(out.shape, [out.strides] + list(in_strides))
-    out_dt = out.dtype
-    in_dts = tuple(t.dtype for t in inputs)
     kinds = tuple(scalar_kinds)
-    key = (op_key, out_dt.code, tuple(d.code for d in in_dts), ndim, kinds)
+    key = (op_key, out._dtype_code, tuple(t._dtype_code for t in inputs), ndim, kinds)
+    pkey = launch_plan_key(key, dev, shape, strides)
+    plan = plans.get(pkey)
+    if plan is None:
+        out_dt = out.dtype
+        in_dts = tuple(t.dtype for t in inputs)
 
-    def make():
-        name = (f"tp_{_ident(op_key)}_{out_dt.name}_" + "_".join(d.name for d in in_dts) +
-                f"_{ndim}d")
-        return _codegen.elementwise_source(name, out_dt, in_dts, expr, ndim, kinds, preamble), name
+        def make():
+            name = (f"tp_{_ident(op_key)}_{out_dt.name}_" + "_".join(d.name for d in in_dts) +
+                    f"_{ndim}d")
+            return _codegen.elementwise_source(name, out_dt, in_dts, expr, ndim, kinds, preamble), name
 
-    f = cached_function(key, dev, make)
-    ptrs = [out.data_ptr()] + [t.data_ptr() for t in inputs]
-    itemsizes = (out_dt.itemsize,) + tuple(d.itemsize for d in in_dts) if not ndim else ()
-    plan = LaunchPlan(f, dev, n, len(ptrs), kinds, shape if ndim else (), strides if ndim else (),
-                      itemsizes)
+        f = cached_function(key, dev, make)
+        itemsizes = (out_dt.itemsize,) + tuple(d.itemsize for d in in_dts) if not ndim else ()
+        plan = plans.put(pkey, LaunchPlan(f, dev, n, 1 + len(in_dts), kinds, shape if ndim else (),
+                                          strides if ndim else (), itemsizes))
+    ptrs = [out.data_ptr()]
+    for t in inputs:
+        ptrs.append(t.data_ptr())
     plan.launch(ptrs, scalars, stream)
     return plan
 
 
 class LaunchPlan:
-    """Everything about an elementwise launch that depends only on the operands'
-    dtypes, shapes and strides: the kernel, the grid, the packing format and the
+    """Everything about a launch that depends only on the operands' dtypes,
+    shapes and strides: the kernel, the grid, the packing format and the
     packed geometry. Launching needs only the pointers and scalars.
 
-    Arguments are (pointers, n, 8-byte scalars, geometry): one thread per
-    element, grid-stride, on ``stream`` (default: the current stream).
+    Arguments are (pointers, n, 8-byte scalars, geometry): for elementwise
+    kernels one thread per element, grid-stride, on ``stream`` (default: the
+    current stream).
 
     ``itemsizes`` (one per pointer) marks a flat kernel (every operand
     contiguous, see ``_codegen.flat_kernel_text``): its grid covers tiles of
     several elements per thread. The kernel itself tests the pointers'
     alignment for its vector path, so a plan reused with other pointers
-    costs nothing more on the host."""
+    costs nothing more on the host. ``grid`` and ``block`` given are taken
+    as they are (the tiled copy's tiles)."""
 
-    __slots__ = ("f", "dev", "n", "fmt", "geom", "grid")
+    __slots__ = ("f", "dev", "n", "fmt", "geom", "grid", "block", "_pack")
 
-    def __init__(self, f, dev, n, nptrs, kinds, shape, strides, itemsizes=()):
+    def __init__(self, f, dev, n, nptrs, kinds, shape, strides, itemsizes=(), grid=None, block=BLOCK):
         self.f = f
         self.dev = dev
         self.n = n
         self.fmt = "<" + "Q" * nptrs + "q" + "".join("d" if k == "f" else "q" for k in kinds)
+        self._pack = struct.Struct(self.fmt).pack
         flat = list(shape)
         for st in strides:
             flat.extend(st)
         self.geom = struct.pack(f"<{len(flat)}q", *flat)
-        if itemsizes:
+        if grid is not None:
+            self.grid = grid
+        elif itemsizes:
             self.grid = flat_grid(n, _codegen.flat_tile(itemsizes), sm_count(dev))
         else:
             self.grid = grid_for(n, dev)
+        self.block = block
 
     def launch(self, ptrs, scalars, stream=None):
+        """Launch over ``ptrs`` and ``scalars`` on ``stream`` (a handle; None:
+        the current stream of the plan's device), cuLaunchKernel."""
         try:
-            params = struct.pack(self.fmt, *ptrs, self.n, *scalars) + self.geom
+            params = self._pack(*ptrs, self.n, *scalars) + self.geom
         except struct.error as exc:
             raise OverflowError(f"a scalar does not fit the kernel's argument type: {exc}") from None
         if stream is None:
             stream = current_stream_handle_of(self.dev)
-        self.f.launch(self.grid, BLOCK, params, 0, stream)
+        self.f.launch(self.grid, self.block, params, 0, stream)
 
 
 def geometry(shape, strides_list):
@@ -210,27 +348,32 @@ def copy_strategy(shape, src_strides, dst_strides):
 
 def launch_tiled_copy(dst, src, src_strides):
     """Copy CUDA ``src`` (strides broadcast to ``dst``) into ``dst`` through
-    shared-memory tiles when ``copy_strategy`` says so; False otherwise."""
-    plan = copy_strategy(dst.shape, src_strides, dst.strides)
-    if plan[0] != "tile":
+    shared-memory tiles when ``copy_strategy`` says so; False otherwise. The
+    launch's plan is kept in :data:`plans` by kernel and collapsed geometry."""
+    strategy = copy_strategy(dst.shape, src_strides, dst.strides)
+    if strategy[0] != "tile":
         return False
-    _, cshape, cstrides, p, q = plan
+    _, cshape, cstrides, p, q = strategy
     ndim = len(cshape)
     dev = dst._device_index
-    out_dt, in_dt = dst.dtype, src.dtype
-    key = ("tiled_copy", out_dt.code, in_dt.code, ndim, p, q)
+    key = ("tiled_copy", dst._dtype_code, src._dtype_code, ndim, p, q)
+    pkey = launch_plan_key(key, dev, cshape, cstrides)
+    plan = plans.get(pkey)
+    if plan is None:
+        out_dt, in_dt = dst.dtype, src.dtype
 
-    def make():
-        name = f"tp_tiled_copy_{out_dt.name}_{in_dt.name}_{ndim}d_{p}{q}"
-        return _codegen.tiled_copy_source(name, out_dt, in_dt, ndim, p, q), name
-    f = cached_function(key, dev, make)
-    tile = _codegen.TILE
-    ntiles = -(-cshape[p] // tile) * -(-cshape[q] // tile)
-    for d, size in enumerate(cshape):
-        if d not in (p, q):
-            ntiles *= size
-    grid = max(1, min(ntiles, sm_count(dev) * TILED_COPY_BLOCKS_PER_SM))
-    flat = list(cshape) + list(cstrides[0]) + list(cstrides[1])
-    params = struct.pack(f"<QQq{len(flat)}q", dst.data_ptr(), src.data_ptr(), ntiles, *flat)
-    f.launch(grid, (tile, _codegen.TILE_ROWS), params, 0, current_stream_handle_of(dev))
+        def make():
+            name = f"tp_tiled_copy_{out_dt.name}_{in_dt.name}_{ndim}d_{p}{q}"
+            return _codegen.tiled_copy_source(name, out_dt, in_dt, ndim, p, q), name
+        f = cached_function(key, dev, make)
+        tile = _codegen.TILE
+        ntiles = -(-cshape[p] // tile) * -(-cshape[q] // tile)
+        for d, size in enumerate(cshape):
+            if d not in (p, q):
+                ntiles *= size
+        grid = max(1, min(ntiles, sm_count(dev) * TILED_COPY_BLOCKS_PER_SM))
+        # arguments (dst, src, ntiles, shape, dst strides, src strides)
+        plan = plans.put(pkey, LaunchPlan(f, dev, ntiles, 2, (), cshape, cstrides, grid=grid,
+                                          block=(tile, _codegen.TILE_ROWS)))
+    plan.launch((dst.data_ptr(), src.data_ptr()), ())
     return True

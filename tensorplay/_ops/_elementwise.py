@@ -235,15 +235,18 @@ def _prepare_out(out, shape, result, device, op):
     return out
 
 
-# Launch plans of CUDA calls seen before, keyed by op and the operands'
-# dtypes, shapes, strides and scalar types: a repeated call skips promotion,
-# broadcasting and geometry, and only packs pointers and scalars.
-_plans: dict = {}
-_MAX_PLANS = 4096
+# Plans of CUDA calls seen before (ElementwisePlans in the library's one plan
+# cache), keyed by op and the operands' dtypes, shapes, strides and scalar
+# types: a repeated call skips promotion, broadcasting and geometry, and only
+# packs pointers and scalars.
+_get_plan = _kernels.plans.get
+_put_plan = _kernels.plans.put
 _SCALAR_TYPES = (bool, int, float)
 
 
 def _plan_key(op, operands, out, inplace):
+    """The plan-cache key of ``op`` over ``operands`` into ``out``, or None
+    for a call that is not planned (a CPU tensor, another scalar type)."""
     key = [op, inplace]
     for x in operands:
         tx = type(x)
@@ -261,13 +264,18 @@ def _plan_key(op, operands, out, inplace):
 
 
 def _run_plan(plan, operands, out):
-    result, shape, dev, launch, tensor_pos, scalar_pos, kinds = plan
+    """Launch ElementwisePlan ``plan`` over ``operands`` into ``out`` (allocated when None)."""
     if out is None:
-        out = _empty_cuda(shape, result, dev)
+        out = _empty_cuda(plan.shape, plan.dtype, plan.device)
     ptrs = [out.data_ptr()]
-    ptrs.extend(operands[k].data_ptr() for k in tensor_pos)
-    scalars = [float(operands[k]) if kind == "f" else int(operands[k]) for k, kind in zip(scalar_pos, kinds)]
-    launch.launch(ptrs, scalars)
+    for k in plan.tensor_pos:
+        ptrs.append(operands[k].data_ptr())
+    if plan.scalar_pos:
+        scalars = [float(operands[k]) if kind == "f" else int(operands[k])
+                   for k, kind in zip(plan.scalar_pos, plan.scalar_kinds)]
+    else:
+        scalars = ()
+    plan.launch_plan.launch(ptrs, scalars)
     return out
 
 
@@ -275,7 +283,7 @@ def apply(op, *operands, out=None, _inplace=False):
     """Run elementwise ``op`` over tensor/scalar ``operands``."""
     key = _plan_key(op, operands, out, _inplace)
     if key is not None:
-        plan = _plans.get(key)
+        plan = _get_plan(key)
         if plan is not None:
             return _run_plan(plan, operands, out)
     rule, cgen, npfn = OPS[op]
@@ -301,12 +309,11 @@ def apply(op, *operands, out=None, _inplace=False):
         return _apply_cpu(npfn, operands, compute, out)
     launch = _apply_cuda(op, cgen, operands, compute, out, device)
     if key is not None:
-        if len(_plans) >= _MAX_PLANS:
-            _plans.clear()
         tensor_pos = [k for k, x in enumerate(operands) if isinstance(x, Tensor)]
         scalar_pos = [k for k, x in enumerate(operands) if not isinstance(x, Tensor)]
         kinds = ["f" if compute.kind == "f" else "i"] * len(scalar_pos)
-        _plans[key] = (out.dtype, out.shape, device, launch, tensor_pos, scalar_pos, kinds)
+        _put_plan(key, _kernels.ElementwisePlan(out.dtype, out.shape, device, launch, tensor_pos,
+                                                scalar_pos, kinds))
     return out
 
 

@@ -342,9 +342,13 @@ class ElementwiseKernel:
             key = ("custom", self.name, self.operation, self.preamble,
                    tuple((v, d.code, o) for v, d, o in arrays), tuple((v, d.code) for v, d in scalars),
                    tuple(sorted((k, v.code) for k, v in typedefs.items())), ndim)
-            f = _kernels.cached_function(key, dev, lambda: (_codegen.custom_elementwise_source(
-                f"{self.name}_{ndim}d", arrays, scalars, typedefs, self.operation, ndim, self.preamble),
-                f"{self.name}_{ndim}d"))
-            _kernels.LaunchPlan(f, dev, n, len(ptrs), kinds, cshape if ndim else (),
-                                cstrides if ndim else ()).launch(ptrs, svals)
+            pkey = _kernels.launch_plan_key(key, dev, cshape, cstrides)
+            plan = _kernels.plans.get(pkey)
+            if plan is None:
+                f = _kernels.cached_function(key, dev, lambda: (_codegen.custom_elementwise_source(
+                    f"{self.name}_{ndim}d", arrays, scalars, typedefs, self.operation, ndim, self.preamble),
+                    f"{self.name}_{ndim}d"))
+                plan = _kernels.plans.put(pkey, _kernels.LaunchPlan(
+                    f, dev, n, len(ptrs), kinds, cshape if ndim else (), cstrides if ndim else ()))
+            plan.launch(ptrs, svals)
         return outs[0] if len(outs) == 1 else tuple(outs)
