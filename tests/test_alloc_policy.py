@@ -195,7 +195,10 @@ def test_a_neighbour_freed_while_the_event_is_recorded_does_not_absorb_the_block
     del y
     fb.on_record = lambda: keep.clear()      # "another thread" frees y mid-record
     del x
-    assert not keep and a.stats()["pending_events"] == 1
+    st = a.stats()
+    assert not keep and st["pending_events"] == 1 and st["held_blocks"] == 1
+    assert st["allocation.all.allocated"] - st["allocation.all.freed"] + st["held_blocks"] == \
+        st["active.all.current"]
     a.check_invariants()
     z = a.allocate(8 * MiB, S0)               # y's block alone cannot hold 8 MiB at px
     assert z.ptr != px, "x's block was merged into its neighbour before its event completed"

@@ -1059,14 +1059,20 @@ cdef class DeviceAllocator:
         out["num_device_free"] = self.n_device_free
         out["num_pools"] = len(self.pools)
         out["pending_events"] = self.pending.size() + self.stream_holds.size()
+        held = 0
         for pool in self.pools.values():
             p = <Pool>pool
+            held += p.held_blocks
             pre = f"pool.{p.id}."
+            out[pre + "held_blocks"] = p.held_blocks
             out[pre + "segments"] = p.segments
             out[pre + "reserved_bytes"] = p.reserved_bytes
             out[pre + "allocated_bytes"] = p.allocated_bytes
             out[pre + "live_blocks"] = p.live_blocks
             out[pre + "graph_refs"] = p.graph_refs
+        # freed blocks not yet reusable (record_stream events, capture rules):
+        # active = allocated - freed + held
+        out["held_blocks"] = held
         return out
 
     def reset_peak_stats(self):
