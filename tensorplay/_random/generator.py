@@ -31,10 +31,11 @@ from .._device import device as _device_cls
 from .._kernels import random_kernels as _rk
 from .._memcpy import host_reads_blocked, memcpy_dtoh
 from .._stream import current_stream_handle_of
-from .._tensor import Tensor, _new_cpu, _resolve_device
+from .._tensor import Tensor as _Tensor, _new_cpu, _resolve_device
 from .philox import DEFAULT_SEED
 
 if TYPE_CHECKING:
+    from .. import Tensor          # the public class users' type checkers see
     from .._alloc import DeviceAllocation
     from ..types import DeviceLike
 
@@ -213,7 +214,7 @@ class Generator:
         Generator
             ``self``.
         """
-        if not isinstance(new_state, Tensor):
+        if not isinstance(new_state, _Tensor):
             raise TypeError(f"set_state expects a tensor from get_state(), got {type(new_state).__name__}")
         if new_state.dtype is not dt.uint8 or not new_state.is_cpu:
             raise TypeError(f"set_state expects a CPU uint8 tensor from get_state(), got a {new_state.dtype.name} "

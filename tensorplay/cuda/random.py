@@ -9,11 +9,16 @@ yet records the seed for when it is, so seeding does not initialise CUDA.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .._cuda import is_available
 from .._random.generator import (DefaultGenerators, cuda_devices, cuda_initial_seed, default_cuda_generator,
                                  default_generators, seed_cuda_device, seed_value)
-from .._tensor import Tensor, _resolve_device
-from ..types import DeviceLike
+from .._tensor import _resolve_device
+
+if TYPE_CHECKING:
+    from .. import Tensor
+    from ..types import DeviceLike
 
 __all__ = ["default_generators", "get_rng_state", "initial_seed", "manual_seed", "manual_seed_all",
            "set_rng_state"]
