@@ -22,7 +22,7 @@ from .. import _dtypes as dt
 from .._kernels import random_kernels as _rk
 from .._random import philox as _philox
 from .._random.generator import generator_for
-from .._tensor import Tensor, _empty_cuda, _parse_size, _resolve_dtype, copy_into, empty
+from .._tensor import Tensor, _empty_cuda, _parse_size, _resolve_device, _resolve_dtype, copy_into, empty
 
 __all__ = ["rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "dropout",
            "uniform_", "normal_", "bernoulli_", "exponential_", "random_", "tensor_bernoulli", "TENSOR_METHODS"]
@@ -93,6 +93,12 @@ def _fill(t, op, scalars, generator, what, inp=None, mode=None):
     if target is not t:
         copy_into(t, target)
     return t
+
+
+def _check_generator(generator, device, what):
+    """Refuse a wrong ``generator=`` before anything is allocated."""
+    if generator is not None:
+        generator_for(generator, _resolve_device(device), what)
 
 
 def _check_same_device(a, b, what):
@@ -399,6 +405,7 @@ def rand(*size, generator=None, dtype=None, device=None):
     shape = _parse_size(size)
     d = _resolve_dtype(dtype)
     _require_floating(d, "rand")
+    _check_generator(generator, device, "rand")
     return _fill(empty(shape, dtype=d, device=device), "uniform", (0.0, 1.0), generator, "rand")
 
 
@@ -428,6 +435,7 @@ def randn(*size, generator=None, dtype=None, device=None):
     shape = _parse_size(size)
     d = _resolve_dtype(dtype)
     _require_floating(d, "randn")
+    _check_generator(generator, device, "randn")
     return _fill(empty(shape, dtype=d, device=device), "normal", (0.0, 1.0), generator, "randn")
 
 
@@ -477,6 +485,7 @@ def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=N
         raise TypeError(f"{what}() needs high")
     shape = _size_arg(size, what)
     lo, hi = _int(low, "low", what), _int(high, "high", what)
+    _check_generator(generator, device, what)
     t = empty(shape, dtype=_resolve_dtype(dtype, dt.int64), device=device)
     return _integers(t, lo, hi, generator, what)
 
@@ -562,8 +571,10 @@ def randint_like(input, low=0, high=None, *, generator=None, dtype=None, device=
     d, dev = _like_args(input, dtype, device, what)
     if high is None:
         low, high = 0, low
+    low, high = _int(low, "low", what), _int(high, "high", what)
+    _check_generator(generator, dev, what)
     t = empty(input.shape, dtype=d, device=dev)
-    return _integers(t, _int(low, "low", what), _int(high, "high", what), generator, what)
+    return _integers(t, low, high, generator, what)
 
 
 def bernoulli(input, *, generator=None):
@@ -585,6 +596,7 @@ def bernoulli(input, *, generator=None):
     if not isinstance(input, Tensor):
         raise TypeError(f"bernoulli: expected a Tensor, got {type(input).__name__}")
     _require_floating(input.dtype, "bernoulli")
+    _check_generator(generator, input.device, "bernoulli")
     out = empty(input.shape, dtype=input.dtype, device=input.device)
     return _fill(out, "bernoulli_tensor", (), generator, "bernoulli", inp=input)
 
@@ -600,6 +612,7 @@ def _dropout(input, p, train, inplace, generator, what):
     _require_floating(input.dtype, what)
     if not train:
         return input
+    _check_generator(generator, input.device, what)
     keep = 1.0 - prob
     scale = 0.0 if keep == 0.0 else 1.0 / keep       # p == 1: every value becomes 0 * x
     out = input if inplace else empty(input.shape, dtype=input.dtype, device=input.device)

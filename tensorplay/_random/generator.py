@@ -30,7 +30,7 @@ from .._cuda import device_count, is_available, is_device_supported
 from .._device import device as _device_cls
 from .._kernels import random_kernels as _rk
 from .._memcpy import host_reads_blocked, memcpy_dtoh
-from .._stream import current_stream_handle_of
+from .._stream import current_stream, current_stream_handle_of
 from .._tensor import Tensor as _Tensor, _new_cpu, _resolve_device
 from .philox import DEFAULT_SEED
 
@@ -73,8 +73,9 @@ class Generator:
     device : device, str or int, optional
         ``"cpu"`` (the default), ``"cuda"`` (the current device) or
         ``"cuda:N"``. A CUDA generator keeps its state on that device (32
-        bytes from the caching allocator's ordinary pool) and must be made
-        outside a CUDA graph capture.
+        bytes from the caching allocator's ordinary pool), written on the
+        current stream, which is then waited for; it must be made outside a
+        CUDA graph capture.
 
     Raises
     ------
@@ -263,7 +264,7 @@ class Generator:
 
 def _new_device_state(dev: int, seed: int, default: bool) -> DeviceAllocation:
     """32 bytes of ``dev``'s ordinary pool holding (seed, offset 0), written on
-    the current stream."""
+    the current stream, which is then waited for (never inside a capture)."""
     stream = current_stream_handle_of(dev)
     if host_reads_blocked(dev, stream):
         if default:
@@ -275,6 +276,8 @@ def _new_device_state(dev: int, seed: int, default: bool) -> DeviceAllocation:
                            "state is allocated from the device's ordinary pool, not the graph's)")
     state = _allocate(_rk.STATE_BYTES, dev, stream)
     _rk.launch_set_state(dev, state.ptr, seed, 0, stream)
+    # the first use may come on any stream: the state must be written by then
+    current_stream(dev).synchronize()
     return state
 
 
