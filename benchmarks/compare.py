@@ -19,7 +19,9 @@ PyTorch, each result checked against PyTorch's first. The serving section
 captures one graph of an MLP step per batch size (1 to 512) into one shared
 pool, largest first, as LLM servers do: capture time, reserved memory
 (second, after memory, so that no other section's cached blocks are in its
-baselines) and replay GPU time at batch 1 and 512.
+baselines) and replay GPU time at batch 1 and 512. The random section times
+rand and randn of 64 Mi float32 on the GPU against PyTorch's, and the host
+time per replay of a graph with a random op in it.
 """
 
 from __future__ import annotations
@@ -1188,16 +1190,120 @@ def serving_rows(quick, torch):
             settle(lib)
 
 
+# ---------------------------------------------------------------- 10. random numbers
+
+RANDOM_N = 64 * MI            # rand / randn GPU time
+RANDOM_GRAPH_N = 1 * MI       # the graph whose replay host time is measured
+
+
+def _moments_error(y, mean, std):
+    """None when ``y`` (a tensor of either library) has about the mean and
+    standard deviation of its distribution, else why not. The values differ
+    from PyTorch's by design (other generators), so they are not compared."""
+    m, s = float(y.mean().item()), float(y.std().item())
+    if abs(m - mean) > 1e-3 or abs(s - std) > 1e-3:
+        return f"wrong distribution: mean {m:.5f} (want {mean:.5f}), std {s:.5f} (want {std:.5f}); not timed"
+    return None
+
+
+def random_rows(quick, torch, repeats, calls):
+    """rand and randn of 64 Mi float32: GPU time per call against PyTorch's
+    (CUDA events around back-to-back calls, as the work section; each
+    library's output checked for its distribution's moments first). Then the
+    host time per replay of a graph drawing ``x = rand(1 Mi) * 2``, beside
+    the same graph without the random op: PyTorch's replay first updates its
+    generator's offset on the host and copies it to the device, tensorplay's
+    kernels advance the offset on the device themselves."""
+    section = "random"
+    clocks = make_clocks(torch)
+    rounds, target_ms = (5, 10.0) if quick else (15, 25.0)
+    n = RANDOM_N
+    libraries = [("tensorplay", tp)] + ([("PyTorch", torch)] if torch is not None else [])
+    for case, fname, mean, std in (("rand 64Mi float32", "rand", 0.5, 1 / math.sqrt(12)),
+                                   ("randn 64Mi float32", "randn", 0.0, 1.0)):
+        fns = {}
+        for name, lib in libraries:
+            @guarded(section, case, name)
+            def _build():
+                gen = lib.Generator("cuda").manual_seed(0)
+                fn = (lambda f, g: lambda: f(n, device="cuda", generator=g))(getattr(lib, fname), gen)
+                for _ in range(3):                     # compile, plan, fill caches
+                    y = fn()
+                lib.cuda.synchronize()
+                wrong = _moments_error(y, mean, std)
+                if wrong:
+                    raise RuntimeError(wrong)
+                fns[name] = fn
+        timed = gpu_per_call([(name, fn, clocks[name]) for name, fn in fns.items()], rounds, target_ms)
+        for name, (gpu_us, host_us, behind) in timed.items():
+            record(section, case, name, host_us=host_us, gpu_us=gpu_us, rate=n * 4 / gpu_us / 1e3, unit="GB/s",
+                   note="host fell behind: GPU may have idled" if behind else None)
+        if len(timed) == 2:
+            set_speed(section, case, timed["PyTorch"][0] / timed["tensorplay"][0])
+        gc.collect()
+
+    m = RANDOM_GRAPH_N
+    for case, with_random in ((f"replay host time: x = rand({m // MI}Mi) * 2", True),
+                              (f"replay host time: x = y * 2 ({m // MI}Mi, no random op)", False)):
+        contenders = []
+
+        @guarded(section, case, "tensorplay replay()")
+        def _tp_graph():
+            gen = tp.Generator("cuda").manual_seed(1)
+            src = tp.ones(m, device="cuda")
+
+            def step():
+                return (tp.rand(m, device="cuda", generator=gen) if with_random else src) * 2
+            step()                                     # compile and plan before the capture
+            tp.cuda.synchronize()
+            g = tp.cuda.CUDAGraph()
+            with tp.cuda.graph(g):
+                out = step()
+            g.replay()
+            first = out.cpu().numpy().copy()
+            g.replay()
+            if with_random and np.array_equal(first, out.cpu().numpy()):
+                raise RuntimeError("two replays drew the same numbers; not timed")
+            contenders.append(("tensorplay replay()", _loop(g.replay), tp.cuda.synchronize))
+
+        @guarded(section, case, "PyTorch CUDAGraph.replay()")
+        def _torch_graph():
+            src = torch.ones(m, device="cuda")
+
+            def step():
+                return (torch.rand(m, device="cuda") if with_random else src) * 2
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            tg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(tg):
+                step()
+            contenders.append(("PyTorch CUDAGraph.replay()", _loop(tg.replay), torch.cuda.synchronize))
+
+        if contenders:
+            host = interleaved_host(contenders, calls, repeats)
+            for name, _, _ in contenders:
+                record(section, case, name, host_us=host[name])
+            if len(host) == 2:
+                speed = host["PyTorch CUDAGraph.replay()"] / host["tensorplay replay()"]
+                set_speed(section, case, speed)
+        gc.collect()
+
+
 # ---------------------------------------------------------------- output
 
-GPU_SECTIONS = ("work", "serving")
+GPU_SECTIONS = ("work", "serving", "random")
 WORK_LEGEND = """\
 GPU us: CUDA events around 20-100 back-to-back calls queued behind a spin kernel (so the GPU runs them
   without waiting on the host), median over rounds after warm-up; host us: time to enqueue one call;
   rate: the row's FLOPs (TFLOP/s) or bytes read + written (GB/s) over GPU us; tp/PT: PyTorch's GPU time
   over tensorplay's (>1: tensorplay faster). tensorplay's result is checked against PyTorch's once per row
   and a wrong one is not timed. Serving capture: wall time of all captures, reserved growth over the
-  library's baseline (weights and inputs allocated, each batch size warmed up, cache emptied)."""
+  library's baseline (weights and inputs allocated, each batch size warmed up, cache emptied).
+  Random: rand/randn are checked for their distribution's mean and std, not against PyTorch (other
+  generators); the replay rows' host us is the host time per replay and tp/PT PyTorch's over tensorplay's."""
 
 
 def print_table():
@@ -1304,7 +1410,8 @@ def write_chart(path):
 
 
 # memory first, then serving (it measures reserved memory too), before the others allocate
-SECTIONS = ("memory", "serving", "work", "replay", "staging", "while", "threads", "capture", "eager")
+SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "while", "threads", "capture",
+            "eager")
 
 
 def parse_sections(only, ap):
@@ -1357,6 +1464,8 @@ def main():
         serving_rows(quick, torch)
     if "work" in sections:
         work_rows(quick, torch)
+    if "random" in sections:
+        random_rows(quick, torch, repeats, calls)
     if "replay" in sections:
         replay_rows([1, 10, 100] if quick else [1, 10, 100, 1000], calls, repeats, torch, cp)
     if "staging" in sections:

@@ -50,6 +50,7 @@ QUALIFY = {
     "CUDAGraph": "tensorplay.cuda.CUDAGraph",
     "CUDAGraphified": "tensorplay._stax.cudagraphs.CUDAGraphified",
     "CudaError": "tensorplay.cuda.CudaError",
+    "Generator": "tensorplay.Generator",
     "np": "numpy",
     "npt": "numpy.typing",
     "return_types": "tensorplay.return_types",

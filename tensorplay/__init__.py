@@ -15,6 +15,10 @@ from ._tensor import (Tensor, arange, empty, empty_like, from_numpy, full, full_
                       ones_like, tensor, zeros, zeros_like)
 
 from ._ops import _methods as _methods_mod
+from ._ops._distributions import bernoulli, dropout, rand, rand_like, randint, randint_like, randn, randn_like
+from ._random.generator import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed,
+                                set_rng_state)
+from . import nn
 from . import return_types, types
 from ._ops._promotion import can_cast, promote_types, result_type
 from ._ops._blas import get_float32_matmul_precision, set_float32_matmul_precision
@@ -45,4 +49,6 @@ __all__ = sorted(_methods_mod.FUNCTIONS) + ["can_cast", "config", "promote_types
     "from_dlpack", "from_numpy", "full", "full_like", "half", "int8", "int16", "int32",
     "int64", "is_tensor", "long", "ones", "ones_like", "short", "tensor", "uint8", "zeros",
     "zeros_like",
+    "Generator", "bernoulli", "default_generator", "dropout", "get_rng_state", "initial_seed", "manual_seed",
+    "nn", "rand", "rand_like", "randint", "randint_like", "randn", "randn_like", "seed", "set_rng_state",
 ]

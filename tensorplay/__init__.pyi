@@ -10,11 +10,13 @@ from typing_extensions import TypeIs
 
 from . import backends as backends
 from . import cuda as cuda
+from . import nn as nn
 from . import return_types as return_types
 from . import types as types
 from ._device import device as device
 from ._dtypes import dtype as dtype
 from ._kernels.nvrtc import NVRTCError as NVRTCError
+from ._random.generator import Generator as Generator
 from ._stream import Stream
 from ._tensor_base import TensorBase
 from .cuda._custom import ElementwiseKernel as ElementwiseKernel, RawKernel as RawKernel
@@ -23,6 +25,7 @@ from .types import Activation, DTypeLike, DeviceLike, Dims, Number, Size, Tensor
 __version__: str
 __all__ = [
     'ALL_DTYPES',
+    'Generator',
     'NVRTCError',
     'Tensor',
     'abs',
@@ -37,6 +40,7 @@ __all__ = [
     'argmin',
     'as_tensor',
     'backends',
+    'bernoulli',
     'bfloat16',
     'bitwise_and',
     'bitwise_not',
@@ -50,10 +54,12 @@ __all__ = [
     'config',
     'cos',
     'cuda',
+    'default_generator',
     'device',
     'div',
     'dot',
     'double',
+    'dropout',
     'dtype',
     'empty',
     'empty_like',
@@ -72,8 +78,10 @@ __all__ = [
     'full_like',
     'ge',
     'get_float32_matmul_precision',
+    'get_rng_state',
     'gt',
     'half',
+    'initial_seed',
     'int16',
     'int32',
     'int64',
@@ -93,6 +101,7 @@ __all__ = [
     'logical_xor',
     'long',
     'lt',
+    'manual_seed',
     'matmul',
     'max',
     'maximum',
@@ -105,18 +114,27 @@ __all__ = [
     'ne',
     'neg',
     'negative',
+    'nn',
     'norm',
     'ones',
     'ones_like',
     'pow',
     'prod',
     'promote_types',
+    'rand',
+    'rand_like',
+    'randint',
+    'randint_like',
+    'randn',
+    'randn_like',
     'relu',
     'remainder',
     'result_type',
     'round',
     'rsqrt',
+    'seed',
     'set_float32_matmul_precision',
+    'set_rng_state',
     'short',
     'show_config',
     'sigmoid',
@@ -156,6 +174,7 @@ float: dtype
 float64: dtype
 double: dtype
 ALL_DTYPES: tuple[dtype, ...]
+default_generator: Generator
 
 class Tensor(TensorBase):
     """An n-dimensional array on the CPU or on a CUDA device."""
@@ -215,6 +234,20 @@ class Tensor(TensorBase):
     def unsqueeze(self, dim: builtins.int) -> Tensor: ...
     def squeeze(self, dim: builtins.int | None = None) -> Tensor: ...
     def clamp_(self, min: TensorOrNumber | None = None, max: TensorOrNumber | None = None) -> Tensor: ...
+    def uniform_(self, from_: builtins.float = 0, to: builtins.float = 1, *,
+                 generator: Generator | None = None) -> Tensor: ...
+    def normal_(self, mean: builtins.float = 0, std: builtins.float = 1, *,
+                generator: Generator | None = None) -> Tensor: ...
+    def exponential_(self, lambd: builtins.float = 1, *, generator: Generator | None = None) -> Tensor: ...
+    def bernoulli_(self, p: builtins.float | Tensor = 0.5, *, generator: Generator | None = None) -> Tensor: ...
+    @overload
+    def random_(self, *, generator: Generator | None = None) -> Tensor: ...
+    @overload
+    def random_(self, to: builtins.int, *, generator: Generator | None = None) -> Tensor: ...
+    @overload
+    def random_(self, from_: builtins.int, to: builtins.int | None, *,
+                generator: Generator | None = None) -> Tensor: ...
+    def bernoulli(self, *, generator: Generator | None = None) -> Tensor: ...
     def where(self, condition: Tensor, other: TensorOrNumber) -> Tensor: ...
     def __getitem__(self, index: Any) -> Tensor: ...
     def __setitem__(self, index: Any, value: Any) -> None: ...
@@ -476,4 +509,24 @@ def can_cast(from_: dtype | str, to: dtype | str) -> builtins.bool: ...
 def promote_types(type1: dtype | str, type2: dtype | str) -> dtype: ...
 def result_type(*operands: TensorOrNumber | dtype) -> dtype: ...
 def config() -> dict[str, Any]: ...
+def rand(*size: Size, generator: Generator | None = None, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+def randn(*size: Size, generator: Generator | None = None, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+@overload
+def randint(high: builtins.int, size: Sequence[builtins.int], *, generator: Generator | None = None, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+@overload
+def randint(low: builtins.int, high: builtins.int, size: Sequence[builtins.int], *, generator: Generator | None = None,
+            dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+def rand_like(input: Tensor, *, generator: Generator | None = None, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+def randn_like(input: Tensor, *, generator: Generator | None = None, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+@overload
+def randint_like(input: Tensor, high: builtins.int, *, generator: Generator | None = None, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+@overload
+def randint_like(input: Tensor, low: builtins.int, high: builtins.int, *, generator: Generator | None = None, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
+def bernoulli(input: Tensor, *, generator: Generator | None = None) -> Tensor: ...
+def dropout(input: Tensor, p: builtins.float = 0.5, train: builtins.bool = True, *, generator: Generator | None = None) -> Tensor: ...
+def manual_seed(seed: builtins.int) -> Generator: ...
+def seed() -> builtins.int: ...
+def initial_seed() -> builtins.int: ...
+def get_rng_state() -> Tensor: ...
+def set_rng_state(new_state: Tensor) -> None: ...
 def show_config(file: IO[str] | None = None) -> None: ...

@@ -33,7 +33,7 @@ def test_pytorch_dtype_aliases_stay_attributes():
 
 
 def test_every_name_in_all_exists():
-    for module in (tp, tp.cuda, cudagraphs, tp.types, tp.return_types):
+    for module in (tp, tp.cuda, cudagraphs, tp.types, tp.return_types, tp.nn, tp.nn.functional):
         missing = [n for n in module.__all__ if not hasattr(module, n)]
         assert not missing, (module.__name__, missing)
         assert len(set(module.__all__)) == len(module.__all__), module.__name__
@@ -117,7 +117,7 @@ def test_iterating_a_tensor_gives_its_rows():
 def _public_objects():
     """(qualified name, object) of every public function, class and member."""
     out = []
-    for module in (tp, tp.cuda, cudagraphs, tp.types, tp.return_types):
+    for module in (tp, tp.cuda, cudagraphs, tp.types, tp.return_types, tp.nn.functional):
         for name in module.__all__:
             obj = getattr(module, name)
             if isinstance(obj, (tp.dtype, tuple, type(tp))) or name in ("Number", "TensorOrNumber",
@@ -131,7 +131,7 @@ def _public_objects():
             if not name.startswith("_"):
                 out.append((f"{cls.__module__}.{cls.__qualname__}.{name}", inspect.getattr_static(cls, name)))
     for cls in (tp.cuda.Stream, tp.cuda.ExternalStream, tp.cuda.Event, tp.cuda.RawKernel,
-                tp.cuda.ElementwiseKernel, tp.dtype, tp.device, cudagraphs.CUDAGraphified):
+                tp.cuda.ElementwiseKernel, tp.dtype, tp.device, cudagraphs.CUDAGraphified, tp.Generator):
         for name, member in vars(cls).items():
             if not name.startswith("_"):
                 out.append((f"{cls.__module__}.{cls.__qualname__}.{name}", member))

@@ -63,7 +63,7 @@ def _public_names():
     from tensorplay._stax import cudagraphs
     from tensorplay.cuda import CUDAGraph
     names = set()
-    for module in (tp, tp.cuda, cudagraphs, tp.types, tp.return_types):
+    for module in (tp, tp.cuda, cudagraphs, tp.types, tp.return_types, tp.nn.functional):
         names.update(f"{module.__name__}.{n}" for n in module.__all__)
     # every public member of Tensor and CUDAGraph, inherited ones included
     names.update(f"tensorplay.Tensor.{n}" for n in dir(tp.Tensor) if not n.startswith("_"))
@@ -74,6 +74,7 @@ def _public_names():
                       ("tensorplay.cuda.Event", tp.cuda.Event), ("tensorplay.cuda.RawKernel", tp.cuda.RawKernel),
                       ("tensorplay.cuda.ElementwiseKernel", tp.cuda.ElementwiseKernel),
                       ("tensorplay.dtype", tp.dtype), ("tensorplay.device", tp.device),
+                      ("tensorplay.Generator", tp.Generator),
                       ("tensorplay._stax.cudagraphs.CUDAGraphified", cudagraphs.CUDAGraphified)):
         names.update(f"{path}.{n}" for n, v in vars(cls).items()
                      if not n.startswith("_") and (callable(v) or inspect.isdatadescriptor(v)))

@@ -56,13 +56,14 @@ def load_function(source: str, name: str, device: int, options=()):
     return mod.get_function(name)
 
 
-def cached_function(key, device: int, make_source):
+def cached_function(key, device: int, make_source, options=()):
     """The kernel for descriptor ``key`` on ``device``; ``make_source()`` returns
-    (source, name) the first time."""
+    (source, name) the first time, compiled with NVRTC ``options`` (which
+    ``key`` must determine)."""
     f = _functions.get((key, device))
     if f is None:
         source, name = make_source()
-        f = load_function(source, name, device)
+        f = load_function(source, name, device, options)
         _functions[(key, device)] = f
     return f
 

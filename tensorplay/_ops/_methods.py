@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from . import _creation, _elementwise, _indexing, _linalg, _promotion, _reduce, _views
+from . import _creation, _distributions, _elementwise, _indexing, _linalg, _promotion, _reduce, _views
 from ._elementwise import apply
 
 BINARY = ("add", "sub", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum",
@@ -288,6 +288,8 @@ def install(Tensor):
     Tensor.__getitem__ = _method_name(_indexing.tensor_getitem, "__getitem__", None)
     Tensor.__setitem__ = _method_name(_indexing.tensor_setitem, "__setitem__", None)
     for name, fn in _views.TENSOR_METHODS.items():
+        setattr(Tensor, name, _method_name(fn, name, fn.__doc__))
+    for name, fn in _distributions.TENSOR_METHODS.items():
         setattr(Tensor, name, _method_name(fn, name, fn.__doc__))
     Tensor.T = property(_method_name(_views.tensor_T, "T", _views.tensor_T.__doc__))
     Tensor.__matmul__ = lambda self, other: _linalg.matmul(self, other)

@@ -28,6 +28,7 @@ from .._tensor import run_device_error_checks as _run_device_error_checks
 from ._custom import ElementwiseKernel, RawKernel
 from ._memory import memory_summary
 from .graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
+from .random import default_generators, get_rng_state, initial_seed, manual_seed, manual_seed_all, set_rng_state
 
 
 def live_driver_objects(device: DeviceLike = None) -> dict[str, int]:
@@ -110,6 +111,7 @@ __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKerne
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
     "unavailable_reason",
+    "default_generators", "get_rng_state", "initial_seed", "manual_seed", "manual_seed_all", "set_rng_state",
 ]
 
 
