@@ -115,10 +115,10 @@ _COMPARE = r"""
   } while (0)
 """
 
-# Shared by the two shared-memory kernels: compare-exchange in the tile at
-# distance j, for the stage k, then wait for the block.
-_TILE_STEP = r"""
-    {
+# The loop body of the two shared-memory kernels (one brace block, the
+# barrier included): compare-exchange in the tile at distance j for the
+# stage k, then wait for the whole block before the next distance.
+_TILE_STEP = r"""    {
       const int t = threadIdx.x;
       const int a = ((t & ~(j - 1)) << 1) | (t & (j - 1));
       const int b = a | j;
@@ -126,8 +126,8 @@ _TILE_STEP = r"""
       unsigned long long ka = sk[a], kb = sk[b];
       long long ia = si[a], ib = si[b];
       TP_SORT_ORDER(ka, ia, kb, ib, asc, { sk[a] = kb; sk[b] = ka; si[a] = ib; si[b] = ia; });
+      __syncthreads();
     }
-    __syncthreads();
 """
 
 
