@@ -324,6 +324,9 @@ def sample_from_uniforms(weights, uniforms, num_samples, replacement, *, check=T
     on CUDA after the kernels (skipped while a capture is open)."""
     rows, n = weights.shape
     k = num_samples
+    if uniforms.dtype is not dt.float64 or uniforms.shape != (rows, k if replacement else n):
+        raise ValueError(f"sample_from_uniforms: the uniforms must be float64 of shape "
+                         f"{(rows, k if replacement else n)}, got {uniforms.dtype.name} {uniforms.shape}")
     if weights.is_cpu:
         w = weights.numpy().astype(np.float64)
         u = uniforms.numpy()
@@ -338,11 +341,7 @@ def sample_from_uniforms(weights, uniforms, num_samples, replacement, *, check=T
     u = uniforms.contiguous()
     status = zeros(1, dtype=dt.int32, device=weights.device)
     if replacement:
-        picks = _empty_cuda((rows, k), dt.int64, dev)
-        f = _sk.inverse_cdf_function(weights.dtype, dev)
-        f.launch(rows, _sk.CDF_CHUNKS,
-                 struct.pack("<QQQQqqq", w.data_ptr(), u.data_ptr(), picks.data_ptr(), status.data_ptr(),
-                             n, k, _sk.cdf_chunk_length(n)), 0, None)
+        picks = inverse_cdf_cuda(w, u, k, status)
     else:
         keys = race_keys_cuda(w, u, k, status)
         if k == 1:
@@ -366,3 +365,17 @@ def race_keys_cuda(weights, uniforms, num_samples, status):
     f.launch(rows, 256, struct.pack("<QQQQqq", weights.data_ptr(), uniforms.data_ptr(), keys.data_ptr(),
                                     status.data_ptr(), n, num_samples), 0, None)
     return keys
+
+
+def inverse_cdf_cuda(weights, uniforms, num_samples, status):
+    """The samples with replacement (rows x k, int64) of contiguous CUDA
+    ``weights`` (rows x n) for float64 ``uniforms`` (rows x k); the kernel
+    ORs the rows' problems into the int32 ``status``."""
+    rows, n = weights.shape
+    dev = weights._device_index
+    picks = _empty_cuda((rows, num_samples), dt.int64, dev)
+    f = _sk.inverse_cdf_function(weights.dtype, dev)
+    f.launch(rows, _sk.CDF_CHUNKS,
+             struct.pack("<QQQQqqq", weights.data_ptr(), uniforms.data_ptr(), picks.data_ptr(),
+                         status.data_ptr(), n, num_samples, _sk.cdf_chunk_length(n)), 0, None)
+    return picks
