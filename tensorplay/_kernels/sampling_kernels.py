@@ -177,7 +177,7 @@ def row_status(weights, num_samples, replacement):
 def _neg_log_device() -> str:
     consts = "".join(f"#define TP_{k} __longlong_as_double(0x{v:016X}LL)\n" for k, v in _LOG_CONSTANTS.items())
     return consts + r"""
-// -log(x) for normal x in (0, 1]: neg_log() of sampling_kernels.py, the same operations in the same order.
+// -ln x for normal x in (0, 1]: neg_log of sampling_kernels.py, the same operations in the same order.
 __device__ __forceinline__ double tp_neg_log(double x) {
   int hx = __double2hiint(x);
   const int lx = __double2loint(x);
