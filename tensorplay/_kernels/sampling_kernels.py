@@ -26,7 +26,8 @@ whole chunks before ``j``; the row's total is the last running sum. The
 sample for a uniform ``u`` is the first ``i`` with ``c_i > u * total``
 (``c`` never decreases and a zero weight repeats the previous value, so a
 zero-weight category is never drawn); when rounding makes ``u * total``
-reach ``total``, the last category of positive weight.
+reach ``total`` (possible for subnormal totals only), the last category of
+positive weight.
 
 Invalid rows (negative or non-finite weights, no positive weight, too few
 of them without replacement, a total that overflows) set bits of a status
