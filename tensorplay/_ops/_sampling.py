@@ -25,7 +25,7 @@ from .._kernels import cache as _kernels, sampling_kernels as _sk, sort_kernels 
 from ._reduce import argmin
 
 try:        # the random number core (issue 20, part 1), merged beside this module
-    from .._random import rand, randint
+    from ._distributions import rand, randint
 except ImportError:
     rand = randint = None
 
