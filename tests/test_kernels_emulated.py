@@ -68,12 +68,16 @@ def emulated(tmp_path_factory):
     """The kernels built for the CPU: a ctypes library with one emu_<name> per kernel."""
     if CXX is None:
         pytest.skip("no C++ compiler")
+    folder = tmp_path_factory.mktemp("emulated")
+    probe = folder / "probe.cpp"
+    probe.write_text(f'#include "{os.path.join(HERE, "cuda_emulator.hpp")}"\nint main() {{ return 0; }}\n')
+    if subprocess.run([CXX, "-std=c++20", "-pthread", "-fsyntax-only", str(probe)], capture_output=True).returncode:
+        pytest.skip(f"{CXX} cannot build the emulator (C++20 with <barrier> needed)")
     parts = [f'#include "{os.path.join(HERE, "cuda_emulator.hpp")}"\n']
     for name, src in _all_sources():
         body = src.replace(codegen.PREAMBLE, "")        # its PTX conversions: the emulator has its own
         parts.append(f"namespace ns_{name} {{\n{body}\n}}\nusing ns_{name}::{name};\n")
         parts.append(_wrapper(name, src))
-    folder = tmp_path_factory.mktemp("emulated")
     cpp, lib = folder / "kernels.cpp", folder / "kernels.so"
     cpp.write_text("".join(parts))
     res = subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread",
