@@ -181,6 +181,31 @@ def test_a_record_stream_block_waits_for_the_other_streams_work():
     a.check_invariants()
 
 
+def test_a_neighbour_freed_while_the_event_is_recorded_does_not_absorb_the_block():
+    """free_block records record_stream events through driver calls that
+    release the GIL; another thread freeing the block's free neighbour then
+    must not merge the block into it (it is held until its event completes)."""
+    a, fb = make()
+    x = a.allocate(4 * MiB, S0)              # x and y: neighbours in one 20 MiB segment
+    y = a.allocate(4 * MiB, S0)
+    px = x.ptr
+    assert y.ptr == px + 4 * MiB
+    x.record_stream(S1)
+    keep = [y]
+    del y
+    fb.on_record = lambda: keep.clear()      # "another thread" frees y mid-record
+    del x
+    assert not keep and a.stats()["pending_events"] == 1
+    a.check_invariants()
+    z = a.allocate(8 * MiB, S0)               # y's block alone cannot hold 8 MiB at px
+    assert z.ptr != px, "x's block was merged into its neighbour before its event completed"
+    fb.complete(S1)
+    del z
+    a.empty_cache()
+    assert reserved(a) == 0 and not fb.segments
+    a.check_invariants()
+
+
 def test_record_stream_on_its_own_stream_needs_no_event():
     a, fb = make()
     x = a.allocate(4 * MiB, S0)

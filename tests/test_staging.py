@@ -241,3 +241,15 @@ def test_staging_a_graph_with_conditional_nodes(rng):
         g.stage_and_launch([x, flag], [tp.tensor(d, device="cuda"), tp.tensor([value], device="cuda")])
         np.testing.assert_allclose(out.numpy(), d * 2.0 if value else d, rtol=1e-6)
     assert not g._stages_in_one_launch
+
+
+def test_staging_an_empty_graph():
+    """An empty capture has no root nodes: the staged executable is the copy alone."""
+    static = tp.zeros(1024, device="cuda")
+    g = CUDAGraph()
+    with pytest.warns(UserWarning, match="empty"):
+        with tp.cuda.graph(g):
+            pass
+    g.stage_and_launch([static], [tp.ones(1024, device="cuda")])
+    assert g._stages_in_one_launch
+    assert static.tolist() == [1.0] * 1024

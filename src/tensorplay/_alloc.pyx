@@ -262,6 +262,7 @@ cdef class FakeBackend(Backend):
     cdef dict capturing                  # stream -> capture id
     cdef readonly long long calls_during_capture
     cdef readonly long long mallocs, frees
+    cdef public object on_record         # called once inside the next record_event (races)
 
     def __cinit__(self, size_t capacity=(80 << 30), int device=0):
         self.device = device
@@ -308,6 +309,9 @@ cdef class FakeBackend(Backend):
     cdef int record_event(self, uintptr_t event, uintptr_t stream) except -1:
         self._note_call()
         self.events[event] = [stream, True, False]
+        if self.on_record is not None:
+            hook, self.on_record = self.on_record, None
+            hook()             # what another thread may do while the real call runs without the GIL
         return 0
 
     cdef bint event_done(self, uintptr_t event, bint wait) noexcept:
@@ -875,7 +879,10 @@ cdef class DeviceAllocator:
         stat_add(self.st_allocated_bytes, kind_of(b), -<long long>b.size)
         stat_add(self.st_requested_bytes, kind_of(b), -<long long>b.requested)
         if recorded:
-            # reuse only after the other streams' work queued so far has finished
+            # reuse only after the other streams' work queued so far has finished.
+            # A guard hold first: the driver calls below release the GIL, and a
+            # neighbour freed by another thread meanwhile must not absorb b.
+            self._hold(b, pool)
             for h in recorded:
                 if g_open_captures > 0 or self._stream_capturing(<uintptr_t>h):
                     self._hold(b, pool)          # recorded once no capture is open
@@ -890,8 +897,10 @@ cdef class DeviceAllocator:
                     self.pending.push_back(PendingEvent(ev, b))
                 elif not self._synchronize_quietly():
                     self._hold(b, pool)          # nothing can tell when it is safe: never reused
+            b.holds -= 1                          # the guard
             if b.holds > 0:
                 return
+            pool.held_blocks -= 1
         st = pool.capture
         if st is not None:
             if b.cross_capture == st.serial:

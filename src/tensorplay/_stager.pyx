@@ -278,9 +278,11 @@ cdef int _build_staged(Stager s, cydriver.CUgraph graph, cydriver.CUstream strea
         count_live(LIVE_GRAPHS, 1)
         with nogil:
             check(cydriver.cuGraphGetRootNodes(s._clone, NULL, &nroots))
-        roots.resize(nroots if nroots else 1)
+        if nroots:                       # an empty capture has no roots: the copy node is the graph
+            roots.resize(nroots)
+            with nogil:
+                check(cydriver.cuGraphGetRootNodes(s._clone, roots.data(), &nroots))
         with nogil:
-            check(cydriver.cuGraphGetRootNodes(s._clone, roots.data(), &nroots))
             check(cydriver.cuGraphAddKernelNode(&s._node, s._clone, NULL, 0, &s._params))
         if nroots:
             froms.assign(nroots, s._node)

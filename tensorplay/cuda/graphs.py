@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overl
 from .._alloc import graph_pool_handle
 from .._cuda import CudaError, current_device, driver_version
 from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
+from .._kernel import Function
 from .._kernels import graph_kernels
 from .._stream import current_stream, stream as use_stream, warmup_stream
 from .._tensor import Tensor as _Tensor
@@ -68,9 +69,18 @@ def _mode_of(capture_error_mode: str) -> int:
 
 class _GraphKernels:
     """What the compiled graph layer launches or calls but does not own."""
-    set_conditional = staticmethod(graph_kernels.set_conditional_function)
-    multi_copy = staticmethod(graph_kernels.multi_copy_function)
-    copy = staticmethod(_Tensor.copy_)
+    @staticmethod
+    def set_conditional(device: int) -> Function:
+        return graph_kernels.set_conditional_function(device)
+
+    @staticmethod
+    def multi_copy(capacity: int, device: int) -> Function:
+        return graph_kernels.multi_copy_function(capacity, device)
+
+    @staticmethod
+    def copy(static: Tensor, source: Any) -> Any:
+        """A staging pair the copy kernel cannot take: casts, strides, broadcasting, host data."""
+        return static.copy_(source)
 
 
 _GRAPH_KERNELS = _GraphKernels()
