@@ -24,10 +24,13 @@ from .._tensor import Tensor, _empty_cuda, _resolve_device, empty, from_numpy, z
 from .._kernels import cache as _kernels, sampling_kernels as _sk, sort_kernels as _sort
 from ._reduce import argmin
 
-try:        # the random number core (issue 20, part 1), merged beside this module
-    from ._distributions import rand, randint
+# The random number core (issue 20, part 1) is merged beside this module;
+# until then the draws raise. (The ignores hold in both states; once the core
+# is in, import it plainly and drop the fallback.)
+try:
+    from ._distributions import rand, randint  # type: ignore[import-not-found, unused-ignore]
 except ImportError:
-    rand = randint = None
+    rand = randint = None  # type: ignore[assignment, unused-ignore]
 
 # randperm's keys: uniform in [0, 2**62) (two permutations of one call tie
 # with probability about n**2 / 2**63; ties go to the lower position).
