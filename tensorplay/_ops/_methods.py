@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from . import _creation, _distributions, _elementwise, _indexing, _linalg, _promotion, _reduce, _views
+from . import _creation, _distributions, _elementwise, _indexing, _linalg, _promotion, _reduce, _sampling, _views
 from ._elementwise import apply
 
 BINARY = ("add", "sub", "mul", "div", "floor_divide", "remainder", "pow", "maximum", "minimum",
@@ -25,7 +25,7 @@ NO_INPLACE = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite")
 ALIASES = {"true_divide": "div", "multiply": "mul", "subtract": "sub", "negative": "neg"}
 # the functions that are also Tensor methods (besides the elementwise ops)
 METHOD_FUNCTIONS = ("sum", "prod", "amax", "amin", "all", "any", "max", "min", "argmax", "argmin",
-                    "mean", "var", "std", "norm", "dot", "matmul", "mv", "addmm", "clamp")
+                    "mean", "var", "std", "norm", "dot", "matmul", "mv", "addmm", "clamp", "multinomial")
 
 # What each op computes: the first line of its docstring, about ``input``.
 SUMMARIES = {
@@ -177,6 +177,7 @@ FUNCTIONS.update({
     "dot": _reduce.dot, "matmul": _linalg.matmul, "mv": _linalg.mv,
     "addmm": _linalg.addmm, "linear": _linalg.linear,
     "linspace": _creation.linspace, "eye": _creation.eye, "cat": _creation.cat, "stack": _creation.stack,
+    "randperm": _sampling.randperm, "multinomial": _sampling.multinomial,
 })
 for _alias, _op in ALIASES.items():
     FUNCTIONS[_alias] = _alias_fn(_alias, _op)
