@@ -16,8 +16,10 @@ from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
 from ._device import as_device, device as _device_cls
 from ._dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from ._kernels import cache as _kernels
+from ._kernels.param_upload import PARAM_UPLOAD_MAX_BYTES, launch_param_write
 from ._memcpy import host_reads_blocked as _host_reads_blocked
-from ._memcpy import memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
+from ._memcpy import (memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async,
+                      refuse_in_capture)
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
 from ._tensor_base import MAX_DIMS, TensorBase
 
@@ -189,13 +191,27 @@ def tensor(data, *, dtype=None, device=None):
     Returns
     -------
     Tensor
-        A new tensor; for CUDA, the host data is copied in with
-        cuMemcpyHtoDAsync on the current stream.
+        A new tensor. For CUDA, host data of up to 4096 bytes
+        (``PARAM_UPLOAD_MAX_BYTES``) is written by a kernel carrying it in
+        its parameters, larger data is copied with cuMemcpyHtoDAsync, both on
+        the current stream; a tensor's data is copied on the device.
+
+    Raises
+    ------
+    CudaError
+        ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for more than 4096 bytes of
+        host data inside a CUDA graph capture (before any GPU work; the
+        capture stays usable).
     """
     dev = _resolve_device(device)
+    if isinstance(data, Tensor):
+        # a copy on the device where it can be: capturable for CUDA data
+        d = data.dtype if dtype is None else dt.as_dtype(dtype)
+        return data.to(dtype=d, device=_device_cls("cpu") if dev < 0 else _device_cls("cuda", dev), copy=True)
     arr, d = _to_numpy_data(data, dtype)
     if dev < 0:
         return _new_cpu(np.array(arr, dtype=d.numpy_dtype, copy=True), d)
+    _refuse_large_upload_in_capture(arr.nbytes, dev)
     out = _empty_cuda(arr.shape, d, dev)
     _upload(out, np.ascontiguousarray(arr))
     return out
@@ -490,9 +506,29 @@ def run_device_error_checks(dev):
         check(dev)
 
 def _upload(dst, host):
-    """Copy the contiguous host array ``host`` (dst's dtype and shape) into CUDA ``dst``."""
+    """Copy the contiguous host array ``host`` (dst's dtype and shape) into
+    contiguous CUDA ``dst`` on the current stream: up to PARAM_UPLOAD_MAX_BYTES
+    inside a kernel's parameters (capturable, see _kernels.param_upload),
+    larger data with cuMemcpyHtoDAsync (callers first refuse that inside a
+    capture with _refuse_large_upload_in_capture)."""
     dev = dst._device_index
-    memcpy_htod_async(dst.data_ptr(), host.ctypes.data, host.nbytes, dev, current_stream_handle_of(dev))
+    stream = current_stream_handle_of(dev)
+    if host.nbytes <= PARAM_UPLOAD_MAX_BYTES:
+        launch_param_write(dst.data_ptr(), host.tobytes(), dev, stream)
+    else:
+        memcpy_htod_async(dst.data_ptr(), host.ctypes.data, host.nbytes, dev, stream)
+
+
+def _refuse_large_upload_in_capture(nbytes, dev):
+    """Raise CudaError CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, before any GPU
+    work, when ``nbytes`` of host data are too many to reach device ``dev``
+    inside the capture running on its current stream."""
+    if nbytes > PARAM_UPLOAD_MAX_BYTES:
+        refuse_in_capture(dev, current_stream_handle_of(dev), (
+            f"{nbytes} bytes of host data cannot be copied to the GPU inside a CUDA graph capture: "
+            f"up to {PARAM_UPLOAD_MAX_BYTES} bytes travel inside the graph (in kernel parameters), "
+            f"larger data needs a copy from pageable host memory, which a graph cannot hold; "
+            f"create the tensor before the capture, or copy the data into a CUDA tensor made before it"))
 
 
 def _capture_repr(t):
@@ -569,8 +605,11 @@ def copy_into(dst, src):
     if src.is_cpu:
         host = src._array
         if src.shape == shape and dst.is_contiguous():
+            _refuse_large_upload_in_capture(dst.nbytes, dev)
             _upload(dst, np.ascontiguousarray(host, dtype=dst.dtype.numpy_dtype))
             return dst
+        # uploaded as it is, then cast, broadcast and laid out on the device
+        _refuse_large_upload_in_capture(src.nbytes, dev)
         tmp = _empty_cuda(src.shape, src.dtype, dev)
         _upload(tmp, np.ascontiguousarray(host))
         src = tmp
