@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+import math
 import numbers
 import operator
 from collections.abc import Callable
@@ -350,7 +351,12 @@ def full(size, fill_value, *, dtype=None, device=None):
 def arange(start, end=None, step=1, *, dtype=None, device=None):
     """Make a 1-D tensor of the values from ``start`` up to (not including) ``end`` by ``step``.
 
-    ``arange(n)`` counts from 0 to ``n - 1``.
+    ``arange(n)`` counts from 0 to ``n - 1``. The values are NumPy's:
+    ``numpy.arange(start, end, step)`` computed in int64 for integer and
+    bool dtypes, in float64 for floating ones, then cast; there are
+    ``ceil((end - start) / step)`` of them (none when that is not positive).
+    On CUDA one kernel computes them on the current stream (no host copy,
+    so it can be captured in a CUDA graph).
 
     Parameters
     ----------
@@ -370,20 +376,91 @@ def arange(start, end=None, step=1, *, dtype=None, device=None):
     -------
     Tensor
         The values.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not a real number (bools are not).
+    ValueError
+        If ``step`` is zero or the length is NaN.
+    OverflowError
+        If the length or a value does not fit in int64.
     """
     if end is None:
         start, end = 0, start
-    for v in (start, end, step):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"arange takes real numbers, got {v!r}")
+    start, end, step = (_arange_number(v) for v in (start, end, step))
     if step == 0:
         raise ValueError("arange step must be non-zero")
     if dtype is None:
-        all_int = all(isinstance(v, numbers.Integral) for v in (start, end, step))
+        all_int = all(isinstance(v, int) for v in (start, end, step))
         dtype = dt.int64 if all_int else dt.default_float
     d = dt.as_dtype(dtype)
-    arr = np.arange(start, end, step, dtype=np.float64 if d.kind == "f" else np.int64).astype(d.numpy_dtype)
-    return tensor(arr, dtype=d, device=device)
+    n = arange_length(start, end, step)
+    if n:
+        kind, expr, scalars = arange_kernel_args(start, step, d)    # checks the values on both paths
+    dev = _resolve_device(device)
+    if dev < 0:
+        work = np.float64 if d.kind == "f" else np.int64
+        return _new_cpu(np.arange(start, end, step, dtype=work).astype(d.numpy_dtype), d)
+    out = _empty_cuda((n,), d, dev)
+    if n:
+        _kernels.launch_elementwise(("arange", kind), expr, out, (), (), scalars, (kind,) * len(scalars))
+    return out
+
+
+def _arange_number(v):
+    """An arange argument as a Python int or float (NumPy scalars too), so the
+    CPU and CUDA paths compute with the same values."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"arange takes real numbers, got {v!r}")
+    return int(v) if isinstance(v, numbers.Integral) else float(v)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def arange_length(start, end, step):
+    """The number of values of ``arange(start, end, step)`` (Python ints or
+    floats), as NumPy counts them: ``ceil((end - start) / step)`` in Python
+    arithmetic (exact for ints), 0 when that is not positive."""
+    span = end - start
+    if span == 0:
+        return 0
+    try:
+        q = span / step
+    except OverflowError:
+        raise OverflowError("arange: overflow while computing the length") from None
+    if math.isnan(q):
+        raise ValueError(f"arange: cannot compute the length of arange({start}, {end}, {step})")
+    if math.isinf(q) or math.ceil(q) > _INT64_MAX:
+        raise OverflowError(f"arange: the length of arange({start}, {end}, {step}) does not fit in int64")
+    if q == 0:
+        # the quotient underflowed (or step is infinite): NumPy counts its sign
+        return 0 if math.copysign(1.0, q) < 0 else 1
+    return max(0, math.ceil(q))
+
+
+def arange_kernel_args(start, step, d):
+    """(scalar kind, expression, scalars) of the CUDA arange kernel over the
+    linear index ``i`` for dtype ``d``, reproducing NumPy's ``arange``: the
+    first value ``start``, the second ``start + step`` (Python arithmetic),
+    then ``first + i * (second - first)``, in int64 (wrapping) for integer
+    and bool dtypes, in float64 rounded at each operation (no fused
+    multiply-add, as NumPy's loop) for floating ones; the store casts."""
+    if d.kind == "f":
+        try:
+            first, second = float(start), float(start + step)
+        except OverflowError:
+            raise OverflowError(f"arange: {start} or {start} + {step} does not fit in float64") from None
+        expr = "((i == 0) ? s0 : ((i == 1) ? s2 : __dadd_rn(s0, __dmul_rn((double)i, s1))))"
+        return "f", expr, (first, second - first, second)
+    first, second = int(start), int(start + step)
+    for v in (first, second):
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise OverflowError(f"arange: the value {v} does not fit in int64")
+    delta = ((second - first - _INT64_MIN) % (1 << 64)) + _INT64_MIN    # int64's wrapping difference
+    expr = "((long long)((unsigned long long)s0 + (unsigned long long)i * (unsigned long long)s1))"
+    return "i", expr, (first, delta)
 
 
 def _like(t, dtype, device):
