@@ -401,7 +401,8 @@ def arange(start, end=None, step=1, *, dtype=None, device=None):
     dev = _resolve_device(device)
     if dev < 0:
         work = np.float64 if d.kind == "f" else np.int64
-        return _new_cpu(np.arange(start, end, step, dtype=work).astype(d.numpy_dtype), d)
+        with np.errstate(over="ignore"):         # the cast wraps or saturates, as on the GPU
+            return _new_cpu(np.arange(start, end, step, dtype=work).astype(d.numpy_dtype), d)
     out = _empty_cuda((n,), d, dev)
     if n:
         _kernels.launch_elementwise(("arange", kind), expr, out, (), (), scalars, (kind,) * len(scalars))
@@ -963,6 +964,8 @@ class Tensor(TensorBase):
             dev = _resolve_device(device)
         if not copy and d is self.dtype and dev == self._device_index:
             return self
+        if self.is_cpu and dev >= 0:
+            _refuse_large_upload_in_capture(self.numel() * d.itemsize, dev)    # before allocating
         out = empty(self.shape, dtype=d, device="cpu" if dev < 0 else _device_cls("cuda", dev))
         return copy_into(out, self)
 
