@@ -491,3 +491,18 @@ def test_arange_errors_come_before_any_device_work(device):
         tp.arange(10**400, 10**400 + 3, dtype=tp.float32, device=device)
     with pytest.raises(TypeError, match="unknown dtype"):
         tp.arange(3, dtype="nope", device=device)
+
+
+def test_operand_checks_come_before_host_data_is_uploaded(fake):
+    x = fake.empty((3,), tp.int32, 0)
+    with pytest.raises(TypeError, match="can't be cast"):
+        x.add_([1.5, 2.5, 3.5])                  # a float result into an int tensor
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        x + [1.0, 2.0]
+    with pytest.raises(ValueError, match="out has shape"):
+        tp.add(x, [1, 2, 3], out=fake.empty((4,), tp.int32, 0))
+    assert fake.launches == [] and fake.memcpys == []
+    fake.capturing = True
+    with pytest.raises(tp.cuda.CudaError, match="4800 bytes of host data"):
+        fake.empty((600,), tp.float64, 0) + np.ones(600)
+    assert fake.launches == []

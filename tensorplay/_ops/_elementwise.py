@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from .. import _dtypes as dt
-from .._tensor import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, copy_into, empty
+from .._tensor import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
 from .._kernels import cache as _kernels, codegen as _codegen
 from ._promotion import can_cast, result_type
 
@@ -209,19 +209,21 @@ def _check_operand(x):
 
 
 def _operand_device(operands, given):
-    """The device of an op over checked ``operands`` (``given``: as passed).
-
-    Host data given as a list, tuple or NumPy array (not a CPU tensor) takes
-    the device of the tensor operands: on CUDA it is copied there (up to
-    PARAM_UPLOAD_MAX_BYTES inside kernel parameters, so a capture can hold
-    it), in place in ``operands``. 0-d host data stays a scalar argument."""
+    """The device of an op over checked ``operands`` (``given``: as passed):
+    host data given as a list, tuple or NumPy array (not a CPU tensor) takes
+    the device of the tensor operands (see _host_data_to)."""
     tensors = [x for x, g in zip(operands, given) if isinstance(g, Tensor)]
-    device = _device_of(tensors) if tensors else -1
-    if device >= 0:
-        for k, (x, g) in enumerate(zip(operands, given)):
-            if isinstance(x, Tensor) and not isinstance(g, Tensor) and x.ndim:
-                operands[k] = copy_into(_empty_cuda(x.shape, x.dtype, device), x)
-    return device
+    return _device_of(tensors) if tensors else -1
+
+
+def _host_data_to(device, operands, given):
+    """Copy the host-data operands (as _operand_device tells them) to CUDA
+    ``device``, in place in ``operands``, once every check has passed: up to
+    PARAM_UPLOAD_MAX_BYTES inside kernel parameters, so a capture can hold
+    it. 0-d host data stays a scalar argument."""
+    for k, (x, g) in enumerate(zip(operands, given)):
+        if isinstance(x, Tensor) and not isinstance(g, Tensor) and x.ndim:
+            operands[k] = x.to(device=device)
 
 
 def _device_of(tensors):
@@ -324,6 +326,7 @@ def apply(op, *operands, out=None, _inplace=False):
         return out
     if device < 0:
         return _apply_cpu(npfn, operands, compute, out)
+    _host_data_to(device, operands, given)
     launch = _apply_cuda(op, cgen, operands, compute, out, device)
     if key is not None:
         tensor_pos = [k for k, x in enumerate(operands) if isinstance(x, Tensor)]
@@ -418,10 +421,12 @@ def where(condition, input, other, *, out=None):
     for t in tensors:
         shape = _broadcast_shape(shape, t.shape)
     device = _operand_device(operands, given)
-    condition, x, y = operands
     out = _prepare_out(out, shape, result, device, "where")
     if out.numel() == 0:
         return out
+    if device >= 0:
+        _host_data_to(device, operands, given)
+    condition, x, y = operands
     if device < 0:
         cd = _numpy_compute_dtype(result)
         vals = [np.asarray(v.numpy() if isinstance(v, Tensor) else v).astype(cd) for v in (x, y)]
