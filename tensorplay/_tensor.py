@@ -192,10 +192,10 @@ def tensor(data, *, dtype=None, device=None):
     Returns
     -------
     Tensor
-        A new tensor. For CUDA, host data of up to 4096 bytes
-        (``PARAM_UPLOAD_MAX_BYTES``) is written by a kernel carrying it in
-        its parameters, larger data is copied with cuMemcpyHtoDAsync, both on
-        the current stream; a tensor's data is copied on the device.
+        A new tensor. For CUDA, host data of up to 4096 bytes is written by
+        a kernel carrying it in its parameters (so a CUDA graph capture can
+        hold it), larger data is copied with cuMemcpyHtoDAsync, both on the
+        current stream; a tensor's data is copied on the device.
 
     Raises
     ------
@@ -983,7 +983,11 @@ class Tensor(TensorBase):
         Any device pair, dtype casts, broadcasting of ``src`` to this shape
         and any layout. Asynchronous on the current stream for CUDA
         destinations (cuMemcpyAsync for contiguous same-dtype copies, a
-        generated copy kernel otherwise).
+        generated copy kernel otherwise). Host data of up to 4096 bytes is
+        written by a kernel carrying it in its parameters, which a CUDA
+        graph capture can hold; larger host data is copied with
+        cuMemcpyHtoDAsync and raises CudaError
+        (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) inside a capture.
 
         Parameters
         ----------
