@@ -271,7 +271,7 @@ def test_host_data_at_the_limit_is_captured_and_one_byte_over_is_refused_cleanly
         with pytest.raises(tp.cuda.CudaError, match="4097 bytes of host data"):
             tp.tensor(over, device="cuda")
         z = y + 1                                                        # the capture goes on
-    assert tp.cuda.is_current_stream_capturing() is False
+    assert not tp.cuda.is_current_stream_capturing()
     _check_replays(g, [y, z], [at, (at + 1).astype(np.uint8)], _exact)
     assert dst.numpy().tolist() == [0] * (PARAM_UPLOAD_MAX_BYTES + 1)     # the refused copy did nothing
     # outside a capture the same calls work: a pageable copy
