@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+import math
 import numbers
 import operator
 from collections.abc import Callable
@@ -16,8 +17,10 @@ from ._cuda import CudaUnavailableError, device_index as _cuda_device_index
 from ._device import as_device, device as _device_cls
 from ._dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from ._kernels import cache as _kernels
+from ._kernels.param_upload import PARAM_UPLOAD_MAX_BYTES, launch_param_write
 from ._memcpy import host_reads_blocked as _host_reads_blocked
-from ._memcpy import memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async
+from ._memcpy import (memcpy_dtod_async, memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, memset_d8_async,
+                      refuse_in_capture)
 from ._stream import Event, ExternalStream, current_stream, current_stream_handle_of
 from ._tensor_base import MAX_DIMS, TensorBase
 
@@ -189,13 +192,27 @@ def tensor(data, *, dtype=None, device=None):
     Returns
     -------
     Tensor
-        A new tensor; for CUDA, the host data is copied in with
-        cuMemcpyHtoDAsync on the current stream.
+        A new tensor. For CUDA, host data of up to 4096 bytes is written by
+        a kernel carrying it in its parameters (so a CUDA graph capture can
+        hold it), larger data is copied with cuMemcpyHtoDAsync, both on the
+        current stream; a tensor's data is copied on the device.
+
+    Raises
+    ------
+    CudaError
+        ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for more than 4096 bytes of
+        host data inside a CUDA graph capture (before any GPU work; the
+        capture stays usable).
     """
     dev = _resolve_device(device)
+    if isinstance(data, Tensor):
+        # a copy on the device where it can be: capturable for CUDA data
+        d = data.dtype if dtype is None else dt.as_dtype(dtype)
+        return data.to(dtype=d, device=_device_cls("cpu") if dev < 0 else _device_cls("cuda", dev), copy=True)
     arr, d = _to_numpy_data(data, dtype)
     if dev < 0:
         return _new_cpu(np.array(arr, dtype=d.numpy_dtype, copy=True), d)
+    _refuse_large_upload_in_capture(arr.nbytes, dev)
     out = _empty_cuda(arr.shape, d, dev)
     _upload(out, np.ascontiguousarray(arr))
     return out
@@ -334,7 +351,12 @@ def full(size, fill_value, *, dtype=None, device=None):
 def arange(start, end=None, step=1, *, dtype=None, device=None):
     """Make a 1-D tensor of the values from ``start`` up to (not including) ``end`` by ``step``.
 
-    ``arange(n)`` counts from 0 to ``n - 1``.
+    ``arange(n)`` counts from 0 to ``n - 1``. The values are NumPy's:
+    ``numpy.arange(start, end, step)`` computed in int64 for integer and
+    bool dtypes, in float64 for floating ones, then cast; there are
+    ``ceil((end - start) / step)`` of them (none when that is not positive).
+    On CUDA one kernel computes them on the current stream (no host copy,
+    so it can be captured in a CUDA graph).
 
     Parameters
     ----------
@@ -354,20 +376,92 @@ def arange(start, end=None, step=1, *, dtype=None, device=None):
     -------
     Tensor
         The values.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not a real number (bools are not).
+    ValueError
+        If ``step`` is zero or the length is NaN.
+    OverflowError
+        If the length or a value does not fit in int64.
     """
     if end is None:
         start, end = 0, start
-    for v in (start, end, step):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"arange takes real numbers, got {v!r}")
+    start, end, step = (_arange_number(v) for v in (start, end, step))
     if step == 0:
         raise ValueError("arange step must be non-zero")
     if dtype is None:
-        all_int = all(isinstance(v, numbers.Integral) for v in (start, end, step))
+        all_int = all(isinstance(v, int) for v in (start, end, step))
         dtype = dt.int64 if all_int else dt.default_float
     d = dt.as_dtype(dtype)
-    arr = np.arange(start, end, step, dtype=np.float64 if d.kind == "f" else np.int64).astype(d.numpy_dtype)
-    return tensor(arr, dtype=d, device=device)
+    n = arange_length(start, end, step)
+    if n:
+        kind, expr, scalars = arange_kernel_args(start, step, d)    # checks the values on both paths
+    dev = _resolve_device(device)
+    if dev < 0:
+        work = np.float64 if d.kind == "f" else np.int64
+        with np.errstate(over="ignore"):         # the cast wraps or saturates, as on the GPU
+            return _new_cpu(np.arange(start, end, step, dtype=work).astype(d.numpy_dtype), d)
+    out = _empty_cuda((n,), d, dev)
+    if n:
+        _kernels.launch_elementwise(("arange", kind), expr, out, (), (), scalars, (kind,) * len(scalars))
+    return out
+
+
+def _arange_number(v):
+    """An arange argument as a Python int or float (NumPy scalars too), so the
+    CPU and CUDA paths compute with the same values."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"arange takes real numbers, got {v!r}")
+    return int(v) if isinstance(v, numbers.Integral) else float(v)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def arange_length(start, end, step):
+    """The number of values of ``arange(start, end, step)`` (Python ints or
+    floats), as NumPy counts them: ``ceil((end - start) / step)`` in Python
+    arithmetic (exact for ints), 0 when that is not positive."""
+    span = end - start
+    if span == 0:
+        return 0
+    try:
+        q = span / step
+    except OverflowError:
+        raise OverflowError("arange: overflow while computing the length") from None
+    if math.isnan(q):
+        raise ValueError(f"arange: cannot compute the length of arange({start}, {end}, {step})")
+    if math.isinf(q) or math.ceil(q) > _INT64_MAX:
+        raise OverflowError(f"arange: the length of arange({start}, {end}, {step}) does not fit in int64")
+    if q == 0:
+        # the quotient underflowed (or step is infinite): NumPy counts its sign
+        return 0 if math.copysign(1.0, q) < 0 else 1
+    return max(0, math.ceil(q))
+
+
+def arange_kernel_args(start, step, d):
+    """(scalar kind, expression, scalars) of the CUDA arange kernel over the
+    linear index ``i`` for dtype ``d``, reproducing NumPy's ``arange``: the
+    first value ``start``, the second ``start + step`` (Python arithmetic),
+    then ``first + i * (second - first)``, in int64 (wrapping) for integer
+    and bool dtypes, in float64 rounded at each operation (no fused
+    multiply-add, as NumPy's loop) for floating ones; the store casts."""
+    if d.kind == "f":
+        try:
+            first, second = float(start), float(start + step)
+        except OverflowError:
+            raise OverflowError(f"arange: {start} or {start} + {step} does not fit in float64") from None
+        expr = "((i == 0) ? s0 : ((i == 1) ? s2 : __dadd_rn(s0, __dmul_rn((double)i, s1))))"
+        return "f", expr, (first, second - first, second)
+    first, second = int(start), int(start + step)
+    for v in (first, second):
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise OverflowError(f"arange: the value {v} does not fit in int64")
+    delta = ((second - first - _INT64_MIN) % (1 << 64)) + _INT64_MIN    # int64's wrapping difference
+    expr = "((long long)((unsigned long long)s0 + (unsigned long long)i * (unsigned long long)s1))"
+    return "i", expr, (first, delta)
 
 
 def _like(t, dtype, device):
@@ -490,9 +584,29 @@ def run_device_error_checks(dev):
         check(dev)
 
 def _upload(dst, host):
-    """Copy the contiguous host array ``host`` (dst's dtype and shape) into CUDA ``dst``."""
+    """Copy the contiguous host array ``host`` (dst's dtype and shape) into
+    contiguous CUDA ``dst`` on the current stream: up to PARAM_UPLOAD_MAX_BYTES
+    inside a kernel's parameters (capturable, see _kernels.param_upload),
+    larger data with cuMemcpyHtoDAsync (callers first refuse that inside a
+    capture with _refuse_large_upload_in_capture)."""
     dev = dst._device_index
-    memcpy_htod_async(dst.data_ptr(), host.ctypes.data, host.nbytes, dev, current_stream_handle_of(dev))
+    stream = current_stream_handle_of(dev)
+    if host.nbytes <= PARAM_UPLOAD_MAX_BYTES:
+        launch_param_write(dst.data_ptr(), host.tobytes(), dev, stream)
+    else:
+        memcpy_htod_async(dst.data_ptr(), host.ctypes.data, host.nbytes, dev, stream)
+
+
+def _refuse_large_upload_in_capture(nbytes, dev):
+    """Raise CudaError CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, before any GPU
+    work, when ``nbytes`` of host data are too many to reach device ``dev``
+    inside the capture running on its current stream."""
+    if nbytes > PARAM_UPLOAD_MAX_BYTES:
+        refuse_in_capture(dev, current_stream_handle_of(dev), (
+            f"{nbytes} bytes of host data cannot be copied to the GPU inside a CUDA graph capture: "
+            f"up to {PARAM_UPLOAD_MAX_BYTES} bytes travel inside the graph (in kernel parameters), "
+            f"larger data needs a copy from pageable host memory, which a graph cannot hold; "
+            f"create the tensor before the capture, or copy the data into a CUDA tensor made before it"))
 
 
 def _capture_repr(t):
@@ -569,8 +683,11 @@ def copy_into(dst, src):
     if src.is_cpu:
         host = src._array
         if src.shape == shape and dst.is_contiguous():
+            _refuse_large_upload_in_capture(dst.nbytes, dev)
             _upload(dst, np.ascontiguousarray(host, dtype=dst.dtype.numpy_dtype))
             return dst
+        # uploaded as it is, then cast, broadcast and laid out on the device
+        _refuse_large_upload_in_capture(src.nbytes, dev)
         tmp = _empty_cuda(src.shape, src.dtype, dev)
         _upload(tmp, np.ascontiguousarray(host))
         src = tmp
@@ -847,6 +964,8 @@ class Tensor(TensorBase):
             dev = _resolve_device(device)
         if not copy and d is self.dtype and dev == self._device_index:
             return self
+        if self.is_cpu and dev >= 0:
+            _refuse_large_upload_in_capture(self.numel() * d.itemsize, dev)    # before allocating
         out = empty(self.shape, dtype=d, device="cpu" if dev < 0 else _device_cls("cuda", dev))
         return copy_into(out, self)
 
@@ -864,7 +983,11 @@ class Tensor(TensorBase):
         Any device pair, dtype casts, broadcasting of ``src`` to this shape
         and any layout. Asynchronous on the current stream for CUDA
         destinations (cuMemcpyAsync for contiguous same-dtype copies, a
-        generated copy kernel otherwise).
+        generated copy kernel otherwise). Host data of up to 4096 bytes is
+        written by a kernel carrying it in its parameters, which a CUDA
+        graph capture can hold; larger host data is copied with
+        cuMemcpyHtoDAsync and raises CudaError
+        (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) inside a capture.
 
         Parameters
         ----------

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Small test utilities: a kernel that keeps a stream busy; the fuzz counter."""
+"""Small test utilities: a kernel that keeps a stream busy; the fuzz counter;
+the PTX of a kernel source (no GPU needed)."""
 
 import os
 import struct
@@ -28,3 +29,22 @@ def spin(stream, cycles=200_000_000, flag_ptr=0, device=0):
     """Keep ``stream`` busy for about ``cycles`` GPU clocks (~0.1 s at 2 GHz)."""
     f = _kernels.load_function(SPIN_SOURCE, "tp_test_spin", device)
     f.launch(1, 1, struct.pack("<qQ", cycles, flag_ptr), 0, stream.handle)
+
+
+def ptx_of(source, arch=90):
+    """PTX of ``source`` for compute_``arch``: to see which instructions and
+    parameters a kernel has (NVRTC only, no GPU)."""
+    from cuda.bindings import nvrtc
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    try:
+        opts = [f"--gpu-architecture=compute_{arch}".encode(), b"-std=c++17"]
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        err, n = nvrtc.nvrtcGetPTXSize(prog)
+        buf = b" " * n
+        (res,) = nvrtc.nvrtcGetPTX(prog, buf)
+        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        return buf.decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)

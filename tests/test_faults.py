@@ -9,6 +9,7 @@ import sys
 import threading
 import traceback
 
+import numpy as np
 import pytest
 
 import tensorplay as tp
@@ -108,6 +109,7 @@ def test_user_exception_inside_conditional_bodies(depth, kind):
 def test_illegal_calls_in_each_capture_mode(mode, illegal):
     import numpy as np
     x = tp.ones(4, device="cuda")
+    big = tp.ones(2048, device="cuda")
     (x + 1).sum()
     tp.cuda.synchronize()
     g = CUDAGraph()
@@ -117,7 +119,7 @@ def test_illegal_calls_in_each_capture_mode(mode, illegal):
             if illegal == "item":
                 y.sum().item()
             else:
-                y.copy_(np.zeros(4, np.float32))
+                big.copy_(np.zeros(2048, np.float32))     # 8 KiB: more than kernel parameters carry
     assert "CAPTURE" in info.value.name
     traceback.clear_frames(info.value.__traceback__)
     _clean()
@@ -154,8 +156,10 @@ def test_keyboard_interrupt_during_a_long_capture():
 # ---------------------------------------------------------------- captures outliving their graph
 
 def _eager_upload_works():
-    t = tp.tensor([1.0, 2.0, 3.0], device="cuda")      # a pageable host copy: forbidden in a capture
+    t = tp.tensor([1.0, 2.0, 3.0], device="cuda")      # small: written from kernel parameters
     assert (t * 2).tolist() == [2.0, 4.0, 6.0]
+    big = np.arange(2048, dtype=np.float32)
+    assert np.array_equal(tp.tensor(big, device="cuda").numpy(), big)   # a pageable copy: forbidden in a capture
 
 
 @pytest.mark.parametrize("in_a_cycle", [False, True])

@@ -164,15 +164,30 @@ def test_synchronize_inside_capture_fails_the_capture_cleanly(mode):
 
 
 def test_pageable_host_copy_inside_capture_raises():
-    x = tp.zeros(4, device="cuda")
+    """Host data beyond the 4 KiB that kernel parameters carry needs a copy
+    from pageable memory, which a graph cannot hold."""
+    x = tp.zeros(2048, device="cuda")                  # 8 KiB of float32
     g = CUDAGraph()
-    with pytest.raises(tp.cuda.CudaError, match="pageable"):
+    with pytest.raises(tp.cuda.CudaError, match="8192 bytes of host data") as info:
         with tp.cuda.graph(g):
-            x.copy_(np.ones(4, np.float32))
+            x.copy_(np.ones(2048, np.float32))
+    assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
     with tp.cuda.graph(g):
         x.fill_(1)
     g.replay()
-    assert x.tolist() == [1.0] * 4
+    assert x.tolist() == [1.0] * 2048
+
+
+def test_small_host_copy_inside_capture_is_replayed():
+    x = tp.zeros(4, device="cuda")
+    x.copy_(np.full(4, 9, np.float32))
+    tp.cuda.synchronize()
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        x.copy_(np.arange(4, dtype=np.float32))        # 16 bytes: inside the copy kernel's parameters
+    x.fill_(-1)
+    g.replay()
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_exception_in_body_propagates_and_graph_is_reusable():

@@ -13,26 +13,9 @@ import pytest
 import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
 from tensorplay._kernels import cache as _kernels, codegen as _codegen
+from gpu_helpers import ptx_of
 
 ARCH = 90
-
-
-def ptx_of(source):
-    """PTX of ``source`` for compute_90: to see which loads a kernel makes."""
-    from cuda.bindings import nvrtc
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
-    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
-    try:
-        opts = [b"--gpu-architecture=compute_90", b"-std=c++17"]
-        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS
-        err, n = nvrtc.nvrtcGetPTXSize(prog)
-        buf = b" " * n
-        (res,) = nvrtc.nvrtcGetPTX(prog, buf)
-        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS
-        return buf.decode()
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def cubin_ok(source):

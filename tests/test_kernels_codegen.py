@@ -3,6 +3,7 @@
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
-from tensorplay._kernels import cache, graph_kernels
+from tensorplay._kernels import cache, graph_kernels, param_upload
 from tensorplay._kernels import codegen as _codegen
 from tensorplay._stager import STAGE_CAPACITIES
 
@@ -106,3 +107,46 @@ def test_graph_layer_kernels_compile(monkeypatch):
     for _, (src, name) in made:
         assert f"void {name}(" in src
         assert _nvrtc.compile_cubin(src, name + ".cu", (), ARCH)[:4] == b"\x7fELF"
+
+
+# ------------------------------------------------------------------ creation and small host data
+
+def test_param_write_kernels_compile_and_take_the_packed_table(monkeypatch):
+    """Every table of the small-host-data kernel compiles to CUBIN for the
+    oldest (sm_75) and our (sm_90) GPUs; its one parameter is exactly as
+    large as the buffer pack_param_write makes, and it stores bytes only
+    (any destination alignment)."""
+    from gpu_helpers import ptx_of
+    made = []
+    monkeypatch.setattr(cache, "cached_function", lambda key, dev, make: made.append((key, make())))
+    for cap in param_upload.PARAM_UPLOAD_CAPACITIES:
+        param_upload.param_write_function(cap, 0)
+    assert [k for k, _ in made] == [("param_write", c) for c in param_upload.PARAM_UPLOAD_CAPACITIES]
+    for (_, cap), (src, name) in made:
+        assert name == f"tp_write_param_bytes_{cap}"
+        for arch in (75, ARCH):
+            assert _nvrtc.compile_cubin(src, name + ".cu", (), arch)[:4] == b"\x7fELF"
+        ptx = ptx_of(src)
+        declared = re.search(rf"\.param \.align (\d+) \.b8 {name}_param_0\[(\d+)\]", ptx)
+        assert declared, ptx
+        _, packed = param_upload.pack_param_write(0x1001, bytes(cap))
+        assert int(declared.group(1)) == 8 and int(declared.group(2)) == len(packed) == cap + 16
+        stores = [line.split()[0] for line in ptx.splitlines() if line.strip().startswith("st.")]
+        assert stores == ["st.global.u8"]
+
+
+@pytest.mark.parametrize("d", tp.ALL_DTYPES)
+def test_arange_kernels_compile_for_every_dtype(d):
+    """arange's kernel (flat: its output is a fresh contiguous tensor) compiles
+    for every dtype; the floating one multiplies and adds in float64 rounded
+    at each step, as NumPy's loop, never as a fused multiply-add."""
+    from gpu_helpers import ptx_of
+    kind, expr, scalars = tp._tensor.arange_kernel_args(0.5, 0.25, d)
+    src = _codegen.elementwise_source(f"tp_arange_{d.name}", d, (), expr, 0, (kind,) * len(scalars))
+    assert _nvrtc.compile_cubin(src, "arange.cu", (), ARCH)[:4] == b"\x7fELF"
+    ptx = ptx_of(src)
+    if d.kind == "f":
+        assert kind == "f" and "mul.rn.f64" in ptx and "add.rn.f64" in ptx
+        assert "fma.rn.f64" not in ptx
+    else:
+        assert kind == "i" and "f64" not in ptx

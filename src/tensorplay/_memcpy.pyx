@@ -13,21 +13,35 @@ from tensorplay._cuda import make_error
 from tensorplay._alloc cimport open_capture_count
 
 
-def memcpy_htod_async(uintptr_t dst, uintptr_t src_host, size_t nbytes, int device, uintptr_t stream):
-    """cuMemcpyHtoDAsync; from pageable memory the driver stages the data
-    before returning, so the host buffer may be dropped afterwards."""
-    if nbytes == 0:
-        return
+cdef int _refuse_in_capture(int device, uintptr_t stream, str reason) except -1:
     cdef cydriver.CUstreamCaptureStatus status
     with nogil:
         ensure_context(device)
         check(cydriver.cuStreamIsCapturing(<cydriver.CUstream>stream, &status))
     if status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
-        # the driver would capture a copy from this pageable buffer, which is
-        # gone by the time the graph replays
-        raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-                         "a copy from pageable host memory cannot be captured in a CUDA graph: "
-                         "copy the data into a CUDA tensor before the capture")
+        raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, reason)
+    return 0
+
+
+def refuse_in_capture(int device, uintptr_t stream, str reason):
+    """Raise CudaError CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED saying ``reason``
+    while ``stream`` of ``device`` is capturing; otherwise do nothing.
+
+    The only driver call is cuStreamIsCapturing, which a capture allows, so
+    the capture stays valid after the error.
+    """
+    _refuse_in_capture(device, stream, reason)
+
+
+def memcpy_htod_async(uintptr_t dst, uintptr_t src_host, size_t nbytes, int device, uintptr_t stream):
+    """cuMemcpyHtoDAsync; from pageable memory the driver stages the data
+    before returning, so the host buffer may be dropped afterwards."""
+    if nbytes == 0:
+        return
+    # the driver would capture a copy from this pageable buffer, which is
+    # gone by the time the graph replays
+    _refuse_in_capture(device, stream, "a copy from pageable host memory cannot be captured in a CUDA graph: "
+                                       "copy the data into a CUDA tensor before the capture")
     with nogil:
         check(cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, <const void*>src_host, nbytes,
                                          <cydriver.CUstream>stream))

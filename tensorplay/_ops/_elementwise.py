@@ -208,6 +208,24 @@ def _check_operand(x):
     raise TypeError(f"unsupported operand type {type(x).__name__}; expected a Tensor or a real number")
 
 
+def _operand_device(operands, given):
+    """The device of an op over checked ``operands`` (``given``: as passed):
+    host data given as a list, tuple or NumPy array (not a CPU tensor) takes
+    the device of the tensor operands (see _host_data_to)."""
+    tensors = [x for x, g in zip(operands, given) if isinstance(g, Tensor)]
+    return _device_of(tensors) if tensors else -1
+
+
+def _host_data_to(device, operands, given):
+    """Copy the host-data operands (as _operand_device tells them) to CUDA
+    ``device``, in place in ``operands``, once every check has passed: up to
+    PARAM_UPLOAD_MAX_BYTES inside kernel parameters, so a capture can hold
+    it. 0-d host data stays a scalar argument."""
+    for k, (x, g) in enumerate(zip(operands, given)):
+        if isinstance(x, Tensor) and not isinstance(g, Tensor) and x.ndim:
+            operands[k] = x.to(device=device)
+
+
 def _device_of(tensors):
     devs = {t._device_index for t in tensors}
     if len(devs) > 1:
@@ -287,6 +305,7 @@ def apply(op, *operands, out=None, _inplace=False):
         if plan is not None:
             return _run_plan(plan, operands, out)
     rule, cgen, npfn = OPS[op]
+    given = operands
     operands = [_check_operand(x) for x in operands]
     tensors = [x for x in operands if isinstance(x, Tensor)]
     if not tensors:
@@ -295,7 +314,7 @@ def apply(op, *operands, out=None, _inplace=False):
     shape = ()
     for t in tensors:
         shape = _broadcast_shape(shape, t.shape)
-    device = _device_of(tensors)
+    device = _operand_device(operands, given)
     if _inplace:
         if not can_cast(result, out.dtype):
             raise TypeError(f"{op}_: result type {result.name} can't be cast to the tensor's dtype "
@@ -307,6 +326,7 @@ def apply(op, *operands, out=None, _inplace=False):
         return out
     if device < 0:
         return _apply_cpu(npfn, operands, compute, out)
+    _host_data_to(device, operands, given)
     launch = _apply_cuda(op, cgen, operands, compute, out, device)
     if key is not None:
         tensor_pos = [k for k, x in enumerate(operands) if isinstance(x, Tensor)]
@@ -391,20 +411,22 @@ def where(condition, input, other, *, out=None):
     On CUDA tensors this launches one generated NVRTC kernel on the current
     stream (cuLaunchKernel).
     """
-    x, y = input, other
-    condition = _check_operand(condition)
-    if not isinstance(condition, Tensor):
+    given = (condition, input, other)
+    operands = [_check_operand(v) for v in given]
+    if not isinstance(operands[0], Tensor):
         raise TypeError("where: condition must be a tensor")
-    x, y = _check_operand(x), _check_operand(y)
-    result = result_type(x, y)
-    tensors = [t for t in (condition, x, y) if isinstance(t, Tensor)]
+    result = result_type(operands[1], operands[2])
+    tensors = [t for t in operands if isinstance(t, Tensor)]
     shape = ()
     for t in tensors:
         shape = _broadcast_shape(shape, t.shape)
-    device = _device_of(tensors)
+    device = _operand_device(operands, given)
     out = _prepare_out(out, shape, result, device, "where")
     if out.numel() == 0:
         return out
+    if device >= 0:
+        _host_data_to(device, operands, given)
+    condition, x, y = operands
     if device < 0:
         cd = _numpy_compute_dtype(result)
         vals = [np.asarray(v.numpy() if isinstance(v, Tensor) else v).astype(cd) for v in (x, y)]
