@@ -160,8 +160,10 @@ __device__ __forceinline__ void tp_rng_advance(tp_rng_state* st, unsigned long l
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(&st->done, 1u) == gridDim.x - 1u) {
-      *(volatile unsigned int*)&st->done = 0u;
+    // atomicInc wraps the counter to 0 in the same operation that finds the
+    // last block, so no increment can fall between a count and its reset
+    if (atomicInc(&st->done, gridDim.x - 1u) == gridDim.x - 1u) {
+      __threadfence();      // order the other blocks' reads before this write
       *(volatile unsigned long long*)&st->offset = offset + 1ull;
       __threadfence();
     }

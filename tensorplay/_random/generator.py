@@ -232,7 +232,7 @@ class Generator:
             self._offset = offset
             return
         dev = self._device_index
-        _rk.launch_set_state(dev, self._device_state().ptr, seed, offset, current_stream_handle_of(dev))
+        _rk.launch_set_state(dev, self._state_ptr(), seed, offset, current_stream_handle_of(dev))
 
     # -------------------------------------------------------------- for the random ops
 
