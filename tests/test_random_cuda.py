@@ -121,7 +121,11 @@ def test_misaligned_strided_and_broadcast_operands_give_the_cpu_bits():
         x = tp.tensor(_host_values((64, 33), tp.float32), device=dev).T
         return tp.nn.functional.dropout(x, 0.4, inplace=True, generator=g)
 
-    for make in (misaligned, strided, broadcast_p, strided_dropout):
+    def shifted_p(g, dev):                             # p overlaps the target, one element off
+        base = tp.tensor(_host_values((1001,), tp.float32), device=dev).abs().clamp(0.0, 1.0)
+        return base[1:].bernoulli_(base[:-1], generator=g)
+
+    for make in (misaligned, strided, broadcast_p, strided_dropout, shifted_p):
         _assert_same_bits(*_both(make))
 
 

@@ -380,9 +380,10 @@ def kernel_source(name, op, out, variant=None):
     dist = dist_for(op, out, variant)
     per = dist.per_block
     inp = dist.input_dtype
-    params = [f"{out.ctype}* __restrict__ out"]
+    # no __restrict__ with an input: in-place dropout and x.bernoulli_(x) pass one pointer twice
+    params = [f"{out.ctype}* __restrict__ out" if inp is None else f"{out.ctype}* out"]
     if inp is not None:
-        params.append(f"const {inp.ctype}* __restrict__ in0")
+        params.append(f"const {inp.ctype}* in0")
     params += ["tp_rng_state* st", "long long n"]
     params += [f"{codegen.scalar_ctype(k)} s{i}" for i, k in enumerate(dist.scalars)]
     mask = f"((unsigned long long)out & {out.itemsize * per - 1}ULL)"

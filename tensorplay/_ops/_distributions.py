@@ -22,7 +22,7 @@ from .. import _dtypes as dt
 from .._kernels import random_kernels as _rk
 from .._random import philox as _philox
 from .._random.generator import generator_for
-from .._tensor import Tensor, _empty_cuda, _parse_size, _resolve_device, _resolve_dtype, copy_into, empty
+from .._tensor import Tensor, _empty_cuda, _overlaps, _parse_size, _resolve_device, _resolve_dtype, copy_into, empty
 
 __all__ = ["rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "dropout",
            "uniform_", "normal_", "bernoulli_", "exponential_", "random_", "tensor_bernoulli", "TENSOR_METHODS"]
@@ -84,11 +84,13 @@ def _fill(t, op, scalars, generator, what, inp=None, mode=None):
         vals = _philox.values(op, t.dtype.name, seed, offset, t.numel(), scalars, host_in, mode)
         np.copyto(t.numpy(), vals.reshape(t.shape), casting="unsafe")
         return t
+    target = t if t.is_contiguous() else _empty_cuda(t.shape, t.dtype, dev)
     if inp is not None:
         if inp.shape != t.shape:
             inp = inp.expand(t.shape)
         inp = inp.contiguous()
-    target = t if t.is_contiguous() else _empty_cuda(t.shape, t.dtype, dev)
+        if _overlaps(target, inp):         # a shifted view of the output: thread i would read what i+1 writes
+            inp = inp.clone()
     _rk.launch(op, target, gen._state_ptr(), scalars, inp, variant)
     if target is not t:
         copy_into(t, target)
