@@ -40,7 +40,7 @@ P3 = ParamSpec("P3")
 R3 = TypeVar("R3")
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
-           "make_graphed_callables", "MAX_SWITCH_CASES"]
+           "make_graphed_callables"]
 
 _IF, _WHILE, _SWITCH = _structured.IF, _structured.WHILE, _structured.SWITCH
 
@@ -344,8 +344,8 @@ class CUDAGraph(CUDAGraphBase):
         call and before the first case (or between cases) would land in no
         case: it is refused and the capture discarded.
 
-        ``num_cases`` is at most ``MAX_SWITCH_CASES`` (1024): the driver
-        documents no bound, this is tensorplay's. Needs a CUDA 12.8 or newer
+        ``num_cases`` is at most 1024 (``tensorplay.cuda.graphs.MAX_SWITCH_CASES``):
+        the driver documents no bound, this is tensorplay's. Needs a CUDA 12.8 or newer
         driver.
         """
         n = self._check_num_cases(num_cases, "begin_capture_to_switch_node")
