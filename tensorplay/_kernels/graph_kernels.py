@@ -45,10 +45,8 @@ extern "C" __global__ void tp_set_conditional(cudaGraphConditionalHandle handle,
 
 # The C type of each integer dtype a SWITCH index may have, and whether it is signed.
 SWITCH_INDEX_TYPES = {
-    "int8": ("signed char", True), "uint8": ("unsigned char", False),
-    "int16": ("short", True), "uint16": ("unsigned short", False),
-    "int32": ("int", True), "uint32": ("unsigned int", False),
-    "int64": ("long long", True), "uint64": ("unsigned long long", False),
+    "uint8": ("unsigned char", False), "int8": ("signed char", True), "int16": ("short", True),
+    "int32": ("int", True), "int64": ("long long", True),
 }
 
 
