@@ -3,8 +3,6 @@
 stand-in graph, argument errors raised before any GPU work, the set-switch
 kernels' sources and their NVRTC compilation, labelled bodies in DOT."""
 
-import re
-
 import pytest
 
 import tensorplay as tp

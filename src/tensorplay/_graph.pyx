@@ -541,9 +541,10 @@ cdef class CUDAGraphBase:
         cdef cydriver.CUstreamCaptureStatus status
         cdef cydriver.cuuint64_t cid = 0
         cdef const cydriver.CUgraphNode* deps = NULL
+        cdef const cydriver.CUgraphEdgeData* edges = NULL
         cdef size_t ndeps = 0
         with nogil:
-            check(cydriver.cuStreamGetCaptureInfo(frame.parent._handle, &status, &cid, NULL, &deps, NULL, &ndeps))
+            check(cydriver.cuStreamGetCaptureInfo(frame.parent._handle, &status, &cid, NULL, &deps, &edges, &ndeps))
         if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE and ndeps == 1 and <uintptr_t>deps[0] == frame.node:
             return 0
         self._abort_capture()
