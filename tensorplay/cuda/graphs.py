@@ -194,8 +194,10 @@ class CUDAGraph(CUDAGraphBase):
             {"nodes": [{"id": int, "kind": "kernel" | "memcpy" | "memset" | "event_record" |
                         "wait_event" | "mem_alloc" | "mem_free" | "empty" | "conditional" | ...,
                         "name": kernel name (kernels),
-                        "type": "if" | "while" (conditional nodes),
-                        "bodies": [description, ...] (conditional nodes),
+                        "type": "if" | "while" | "switch" (conditional nodes),
+                        "bodies": [description, ...] (conditional nodes, in branch
+                                  order, each with a "label": "then" / "else" (IF),
+                                  "body" (WHILE), "case 0" ... "case n-1" (SWITCH)),
                         "attrs": {grid, block, shared_mem, num_params, bytes, value, direction,
                                   event, handle, ...}},
                        ...],
@@ -209,7 +211,8 @@ class CUDAGraph(CUDAGraphBase):
         """Write a picture of the captured graph to ``path`` and return the path written.
 
         The picture is Graphviz DOT (nodes, edges, conditional bodies as
-        clusters). With a ``.svg`` or ``.png`` name and Graphviz's ``dot``
+        clusters; the branches of an IF/ELSE and the cases of a SWITCH
+        labelled). With a ``.svg`` or ``.png`` name and Graphviz's ``dot``
         installed it is rendered; without ``dot`` the DOT file is written next
         to it and a warning says how to render it.
 
