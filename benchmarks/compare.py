@@ -341,6 +341,102 @@ def while_rows(iterations, repeats):
         record("while", case, "unrolled static graph", latency_us=latency(u.replay, repeats, sync))
 
 
+# ---------------------------------------------------------------- 3b. branches (IF/ELSE, SWITCH)
+
+def branch_rows(repeats):
+    """An if/else as one IF/ELSE node vs two IF nodes (pred, logical_not(pred))
+    vs host branching (read pred back, replay one of two graphs); a SWITCH of 8
+    cases vs 8 IF nodes (index == k) vs host dispatch (read the index back,
+    replay one of 8 graphs). Latency from replay to completion, both branches
+    alternating, each body one small kernel."""
+    sync = tp.cuda.synchronize
+    x = tp.zeros(1024, device="cuda")
+    pred = tp.zeros(1, dtype=tp.bool, device="cuda")
+    not_pred = tp.zeros(1, dtype=tp.bool, device="cuda")
+    index = tp.zeros(1, dtype=tp.int32, device="cuda")
+    hits = [tp.zeros(1, dtype=tp.bool, device="cuda") for _ in range(8)]
+    x.add_(1)
+    x.mul_(1.5)
+    tp.logical_not(pred, out=not_pred)
+    tp.eq(index, 0, out=hits[0])
+    sync()
+
+    def alternating(replay_for, values):
+        state = [0]
+
+        def step():
+            v = values[state[0] % len(values)]
+            state[0] += 1
+            replay_for(v)
+        return step
+
+    case = "if/else, branch alternating"
+    one = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(one):
+        with one.if_else(pred) as (then, otherwise):
+            with then:
+                x.add_(1)
+            with otherwise:
+                x.mul_(0.5)
+    two = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(two):
+        tp.logical_not(pred, out=not_pred)
+        with two.if_(pred):
+            x.add_(1)
+        with two.if_(not_pred):
+            x.mul_(0.5)
+    then_g, else_g = tp.cuda.CUDAGraph(), tp.cuda.CUDAGraph()
+    with tp.cuda.graph(then_g):
+        x.add_(1)
+    with tp.cuda.graph(else_g):
+        x.mul_(0.5)
+
+    def set_pred(v):
+        pred.fill_(v)
+
+    def on_device(g):
+        return lambda v: (set_pred(v), g.replay())
+
+    def host_if(v):
+        set_pred(v)
+        (then_g if pred.item() else else_g).replay()      # the read-back the graph avoids
+    for name, fn in (("one IF/ELSE node", on_device(one)), ("two IF nodes (pred, not pred)", on_device(two)),
+                     ("host branch (item(), one of two graphs)", host_if)):
+        record("branch", case, name, latency_us=latency(alternating(fn, [True, False]), repeats, sync))
+
+    case = "switch of 8 cases, case cycling"
+    sw = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(sw):
+        with sw.switch(index, 8) as cases:
+            for k in range(8):
+                with cases[k]:
+                    x.add_(k)
+    ifs = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(ifs):
+        for k in range(8):
+            tp.eq(index, k, out=hits[k])
+        for k in range(8):
+            with ifs.if_(hits[k]):
+                x.add_(k)
+    per_case = []
+    for k in range(8):
+        gk = tp.cuda.CUDAGraph()
+        with tp.cuda.graph(gk):
+            x.add_(k)
+        per_case.append(gk)
+
+    def set_index(v):
+        index.fill_(v)
+
+    def host_switch(v):
+        set_index(v)
+        per_case[int(index.item())].replay()
+    for name, fn in (("one SWITCH node", lambda v: (set_index(v), sw.replay())),
+                     ("8 IF nodes (index == k)", lambda v: (set_index(v), ifs.replay())),
+                     ("host dispatch (item(), one of 8 graphs)", host_switch)):
+        record("branch", case, name, latency_us=latency(alternating(fn, list(range(8))), repeats, sync))
+
+
 # ---------------------------------------------------------------- 4. threads
 
 def thread_rows(thread_counts, launches):
@@ -1410,7 +1506,7 @@ def write_chart(path):
 
 
 # memory first, then serving (it measures reserved memory too), before the others allocate
-SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "while", "threads", "capture",
+SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "while", "branch", "threads", "capture",
             "eager")
 
 
@@ -1472,6 +1568,8 @@ def main():
         staging_rows([1, 8, 32, 128], calls, repeats, torch)
     if "while" in sections:
         while_rows([10, 1000], repeats)
+    if "branch" in sections:
+        branch_rows(repeats)
     if "threads" in sections:
         thread_rows([1, 2, 4, 8], 2000 if quick else 20000)
     if "capture" in sections:

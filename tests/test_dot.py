@@ -68,3 +68,47 @@ def test_graphviz_accepts_the_output(tmp_path):
         out = subprocess.run(["dot", "-Tsvg", str(src)], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert "<svg" in out.stdout and "while" in out.stdout and "if" in out.stdout
+
+
+BRANCHES = {
+    "nodes": [
+        {"id": 0, "kind": "kernel", "name": "tp_set_conditional", "attrs": {}},
+        {"id": 1, "kind": "conditional", "type": "if", "attrs": {},
+         "bodies": [{"label": "then", "nodes": [{"id": 0, "kind": "kernel", "name": "add_one", "attrs": {}}],
+                     "edges": []},
+                    {"label": "else", "nodes": [], "edges": []}]},
+        {"id": 2, "kind": "kernel", "name": "tp_set_switch_int32", "attrs": {}},
+        {"id": 3, "kind": "conditional", "type": "switch", "attrs": {},
+         "bodies": [{"label": f"case {k}",
+                     "nodes": [{"id": 0, "kind": "kernel", "name": f"case_kernel_{k}", "attrs": {}}] if k != 1
+                     else [{"id": 0, "kind": "conditional", "type": "while", "attrs": {},
+                            "bodies": [{"label": "body", "nodes": [{"id": 0, "kind": "kernel",
+                                                                    "name": "loop", "attrs": {}}],
+                                        "edges": []}]}],
+                     "edges": []} for k in range(3)]},
+    ],
+    "edges": [[0, 1], [1, 2], [2, 3]],
+}
+
+
+def test_else_bodies_and_switch_cases_are_labelled_clusters():
+    dot = _dot.to_dot(BRANCHES)
+    assert dot.count("subgraph cluster_") == 6          # then, else, 3 cases, the while in case 1
+    for label in ("then", "else", "case 0", "case 1", "case 2"):
+        assert f'label="{label}"; style=rounded' in dot
+        assert f'style=dashed, label="{label}"]' in dot     # the edge into the branch says which
+    assert 'label="while"; style=rounded' in dot           # a one-body node keeps its type
+    assert 'label="body"' not in dot
+    assert '"n1b1_empty" [label="(empty)"' in dot          # the empty else still shows
+    assert '"n1" -> "n1b0_n0" [lhead=cluster_1, style=dashed, label="then"];' in dot
+    assert '"n3" -> "n3b2_n0"' in dot and '"n3b1_n0" -> "n3b1_n0b0_n0"' in dot
+    assert "switch node" in dot and "if node" in dot
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz 'dot' is not installed")
+def test_graphviz_accepts_branch_clusters(tmp_path):
+    src = tmp_path / "b.dot"
+    src.write_text(_dot.to_dot(BRANCHES, detailed=True))
+    out = subprocess.run(["dot", "-Tsvg", str(src)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "case 2" in out.stdout and "else" in out.stdout

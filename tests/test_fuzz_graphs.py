@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A hypothesis state machine driving CUDAGraph through random sequences of
-valid and invalid calls (GPU). After every step: no capture left open outside
+valid and invalid calls (GPU), IF, IF/ELSE, WHILE and SWITCH nodes nested at
+random. After every step: no capture left open outside
 the model's capture, the current stream is the legacy stream whenever no
 capture is open, and every invalid call raised a documented exception type."""
 
@@ -36,10 +37,11 @@ class GraphMachine(RuleBasedStateMachine):
         self.g = CUDAGraph()
         self.other = CUDAGraph()
         self.state = "empty"           # empty | capturing | ready
-        self.depth = 0
+        self.frames = []               # open nodes: {"kind", "n", "next" branch, "open" (a body is open)}
         self.x = tp.zeros(4, device="cuda")
         self.x.add_(1)
         self.pred = tp.ones(1, dtype=tp.bool, device="cuda")
+        self.index = tp.zeros(1, dtype=tp.int32, device="cuda")
         self.static = [tp.zeros(4, device="cuda")]
         tp.cuda.synchronize()
 
@@ -67,6 +69,15 @@ class GraphMachine(RuleBasedStateMachine):
         else:
             self.expect_error(lambda: CUDAGraph().capture_begin(capture_error_mode=bad))
 
+    @property
+    def depth(self):
+        return len(self.frames)
+
+    def can_nest(self):
+        """A new node (or work) may go where a body is open, or outside any node."""
+        return self.state == "capturing" and (not self.frames or self.frames[-1]["open"])
+
+    @precondition(lambda self: self.state != "capturing" or not self.frames or self.frames[-1]["open"])
     @rule()
     def work(self):
         self.x.add_(1)
@@ -79,7 +90,7 @@ class GraphMachine(RuleBasedStateMachine):
             return
         if self.depth:
             self.expect_error(self.g.capture_end)     # bodies still open: discarded
-            self.state, self.depth = "empty", 0
+            self.state, self.frames = "empty", []
             return
         self.g.capture_end()          # an empty capture only warns
         self.state = "ready"
@@ -111,12 +122,12 @@ class GraphMachine(RuleBasedStateMachine):
     @rule()
     def reset(self):
         self.g.reset()
-        self.state, self.depth = "empty", 0
+        self.state, self.frames = "empty", []
 
     @rule(kind=st.sampled_from(["if", "while"]))
     def begin_conditional(self, kind):
         fn = self.g.begin_capture_to_if_node if kind == "if" else self.g.begin_capture_to_while_node
-        if self.state != "capturing":
+        if not self.can_nest():
             self.expect_error(lambda: fn(self.pred))
             return
         if kind == "while":
@@ -124,10 +135,46 @@ class GraphMachine(RuleBasedStateMachine):
             fn(p)
         else:
             fn(self.pred)
-        self.depth += 1
+        self.frames.append({"kind": kind, "n": 1, "next": 1, "open": True})
 
+    @rule()
+    def begin_if_else(self):
+        if not self.can_nest():
+            self.expect_error(lambda: self.g.begin_capture_to_if_node(self.pred, with_else=True))
+            return
+        self.g.begin_capture_to_if_node(self.pred, with_else=True)
+        self.frames.append({"kind": "if_else", "n": 2, "next": 1, "open": True})
+
+    @rule()
+    def begin_else(self):
+        top = self.frames[-1] if self.frames else None
+        if self.state != "capturing" or top is None or top["kind"] != "if_else" or top["next"] > 1:
+            self.expect_error(self.g.begin_capture_to_else_branch)
+            return
+        self.g.begin_capture_to_else_branch()
+        top["next"], top["open"] = 2, True
+
+    @rule(n=st.integers(-1, 5))
+    def begin_switch(self, n):
+        if not self.can_nest() or n < 1:
+            self.expect_error(lambda: self.g.begin_capture_to_switch_node(self.index, n))
+            return
+        self.g.begin_capture_to_switch_node(self.index, n)
+        self.frames.append({"kind": "switch", "n": n, "next": 0, "open": False})
+
+    @rule(k=st.integers(-1, 5))
+    def begin_case(self, k):
+        top = self.frames[-1] if self.frames else None
+        if (self.state != "capturing" or top is None or top["kind"] != "switch"
+                or not top["next"] <= k < top["n"]):
+            self.expect_error(lambda: self.g.begin_capture_to_switch_case(k))
+            return
+        self.g.begin_capture_to_switch_case(k)
+        top["next"], top["open"] = k + 1, True
+
+    @precondition(lambda self: self.state != "capturing" or not self.frames or self.frames[-1]["open"])
     @rule(kind=st.integers(0, 3))
-    def begin_conditional_bad_pred(self, kind):
+    def begin_conditional_bad_pred(self, kind):     # (its CUDA tensors are work: not between branches)
         self.expect_error(lambda: self.g.begin_capture_to_if_node(_bad_pred(kind)))
 
     @rule()
@@ -136,12 +183,17 @@ class GraphMachine(RuleBasedStateMachine):
             self.expect_error(self.g.end_capture_to_conditional_node)
             return
         self.g.end_capture_to_conditional_node()
-        self.depth -= 1
+        self.frames.pop()
 
     @rule()
     def set_conditional(self):
-        if self.state != "capturing" or self.depth == 0:
+        top = self.frames[-1] if self.frames else None
+        if self.state != "capturing" or top is None or not top["open"]:
             self.expect_error(lambda: self.g.set_conditional_handle_for_current_node(self.pred))
+            return
+        if top["kind"] == "switch":              # a SWITCH takes an integer index, not a bool
+            self.expect_error(lambda: self.g.set_conditional_handle_for_current_node(self.pred))
+            self.g.set_conditional_handle_for_current_node(self.index)
             return
         self.g.set_conditional_handle_for_current_node(self.pred)
 
@@ -164,6 +216,7 @@ class GraphMachine(RuleBasedStateMachine):
             assert not tp.cuda.is_current_stream_capturing()
             assert tp.cuda.current_stream().handle == 0
         assert self.g.is_instantiated == (self.state == "ready")
+        assert self.g.conditional_depth == self.depth
         m = tp.cuda.memory_stats()
         assert 0 <= m["allocated_bytes.all.current"] <= m["reserved_bytes.all.current"]
         # active blocks: the live ones, and freed ones still held (record_stream

@@ -34,8 +34,14 @@ cdef int CAPTURE_RELAXED = cydriver.CU_STREAM_CAPTURE_MODE_RELAXED
 CAPTURE_MODES = {"global": CAPTURE_GLOBAL, "thread_local": CAPTURE_THREAD_LOCAL,
                  "relaxed": CAPTURE_RELAXED}
 cdef dict _MODE_NAMES = {v: k for k, v in CAPTURE_MODES.items()}
-cdef int IF_NODE = 0
+cdef int IF_NODE = 0               # one body (then) or two (then, else)
 cdef int WHILE_NODE = 1
+cdef int SWITCH_NODE = 2           # num_cases bodies, one per case
+# The driver documents no upper bound for a SWITCH's size; this is ours (see
+# CUDAGraph.begin_capture_to_switch_node), checked before any driver call.
+MAX_SWITCH_CASES = 1024
+CONDITIONAL_KINDS = {"if": IF_NODE, "while": WHILE_NODE, "switch": SWITCH_NODE}
+cdef tuple _KIND_NAMES = ("IF", "WHILE", "SWITCH")
 
 # Checking that no capture forbids this one and beginning it are one step, so
 # two threads beginning captures get a clear error, not the driver's.
@@ -102,13 +108,21 @@ cdef OpenCapture _forbidding():
 
 @cython.final
 cdef class ConditionalFrame:
-    """An open conditional body: its node's handle and kind, the stream its
-    body is captured on, the predicate it samples, and the stream to return to."""
+    """An open conditional node: its handle and kind, its body graphs, the
+    stream the open body is captured on (None between the branches of an
+    IF/ELSE or the cases of a SWITCH), which branch is open and the lowest
+    that may be begun next, the predicate (or index) it samples, and the
+    stream to return to."""
     cdef cydriver.CUgraphConditionalHandle handle
     cdef int kind
+    cdef uintptr_t node
+    cdef list bodies                # the node's body CUgraphs as ints, in branch order
     cdef Stream body
     cdef Stream parent
     cdef uintptr_t pred
+    cdef str index_dtype            # a SWITCH's index dtype (None: a bool predicate)
+    cdef int branch                 # the open branch (-1: none)
+    cdef int next_branch            # branches below this one were begun already
 
 
 cdef int _keep_storage(dict keep, object t) except -1:
@@ -147,7 +161,8 @@ cdef class CUDAGraphBase:
     cdef object _kernels
     cdef list _cond_stack           # [ConditionalFrame], innermost last
     cdef Function _set_cond_fn
-    cdef dict _cond_nodes           # conditional node -> (kind, body graph, handle), for describe()
+    cdef dict _set_switch_fns       # index dtype -> the set-switch kernel
+    cdef dict _cond_nodes           # conditional node -> (kind, [body graphs], handle), for describe()
     cdef dict _keepalive_storages   # id -> storage from outside the pool that the captured work uses
     cdef object _capture_state      # the allocator's CaptureState while capturing
     cdef uintptr_t _last_replay_stream
@@ -165,6 +180,7 @@ cdef class CUDAGraphBase:
         self._capturing = False
         self._cond_stack = []
         self._cond_nodes = {}
+        self._set_switch_fns = {}
         self._keepalive_storages = {}
         self._last_replay_stream = NO_STREAM
 
@@ -339,8 +355,10 @@ cdef class CUDAGraphBase:
         cdef ConditionalFrame frame
         while self._cond_stack:           # the allocator ends their routes with the capture's
             frame = self._cond_stack.pop()
-            _discard_capture(frame.body._handle, False)
-            release_capture_side_stream(frame.body)
+            if frame.body is not None:
+                _discard_capture(frame.body._handle, False)
+                release_capture_side_stream(frame.body)
+                frame.body = None
         if self._capturing:
             _discard_capture(self._capture_stream)
             self._end_routing()
@@ -348,15 +366,29 @@ cdef class CUDAGraphBase:
 
     # ------------------------------------------------------------ conditional nodes
 
-    cdef int _launch_set_conditional(self, cydriver.CUgraphConditionalHandle handle, uintptr_t pred,
+    cdef int _launch_set_conditional(self, ConditionalFrame frame, uintptr_t pred,
                                      cydriver.CUstream stream) except -1:
-        cdef unsigned long long args[2]
-        if self._set_cond_fn is None:
-            self._set_cond_fn = self._kernels.set_conditional(self._device)
-        args[0] = handle
+        """Queue the one-thread kernel that copies ``*pred`` into the node's
+        handle: a bool for IF and WHILE, an integer index (out of range mapped
+        to num_cases, no body) for SWITCH."""
+        cdef unsigned long long args[3]
+        cdef Function fn
+        cdef size_t nargs = 2
+        if frame.kind == SWITCH_NODE:
+            fn = self._set_switch_fns.get(frame.index_dtype)
+            if fn is None:
+                fn = self._kernels.set_switch(frame.index_dtype, self._device)
+                self._set_switch_fns[frame.index_dtype] = fn
+            args[2] = len(frame.bodies)
+            nargs = 3
+        else:
+            if self._set_cond_fn is None:
+                self._set_cond_fn = self._kernels.set_conditional(self._device)
+            fn = self._set_cond_fn
+        args[0] = frame.handle
         args[1] = pred
         with nogil:
-            self._set_cond_fn.c_launch(1, 1, 1, 1, 1, 1, 0, stream, <const void*>args, sizeof(args))
+            fn.c_launch(1, 1, 1, 1, 1, 1, 0, stream, <const void*>args, nargs * sizeof(unsigned long long))
         return 0
 
     cdef Stream _current_capture_stream(self):
@@ -371,12 +403,29 @@ cdef class CUDAGraphBase:
             raise RuntimeError(f"{what} must be called on the thread that began the capture")
         return 0
 
-    def _begin_conditional(self, int kind, uintptr_t pred, object pred_owner):
-        """Add an IF (kind 0) or WHILE (kind 1) node gated on the bool at
-        ``pred`` and capture its body on a child stream (see DESIGN.md)."""
-        cdef Stream cur, child
+    cdef ConditionalFrame _innermost(self):
+        if self._cond_stack:
+            return <ConditionalFrame>self._cond_stack[len(self._cond_stack) - 1]
+        return None
+
+    cdef int _check_between_branches(self, ConditionalFrame frame, str what) except -1:
+        """Refuse work on a node none of whose branches is open."""
+        if frame is not None and frame.body is None:
+            first = ("begin_capture_to_switch_case(k)" if frame.kind == SWITCH_NODE
+                     else "begin_capture_to_else_branch()")
+            raise RuntimeError(f"{what}: no branch of the innermost {_KIND_NAMES[frame.kind]} node is open; "
+                               f"begin one with {first} first")
+        return 0
+
+    def _begin_conditional(self, int kind, uintptr_t pred, object pred_owner, unsigned int num_bodies=1,
+                           bint open_first=True, str index_dtype=None):
+        """Add an IF (kind 0, one or two bodies), WHILE (kind 1) or SWITCH
+        (kind 2, ``num_bodies`` cases) node gated on the value at ``pred``
+        (a bool, or for a SWITCH an integer of ``index_dtype``); capture its
+        first body on a child stream when ``open_first`` (see DESIGN.md)."""
+        cdef Stream cur
         cdef cydriver.CUstreamCaptureStatus status
-        cdef cydriver.cuuint64_t cid = 0, child_cid = 0
+        cdef cydriver.cuuint64_t cid = 0
         cdef cydriver.CUgraph graph = NULL
         cdef const cydriver.CUgraphNode* deps = NULL
         cdef const cydriver.CUgraphEdgeData* edges = NULL
@@ -384,11 +433,20 @@ cdef class CUDAGraphBase:
         cdef cydriver.CUgraphConditionalHandle handle = 0
         cdef cydriver.CUgraphNodeParams params
         cdef cydriver.CUgraphNode node = NULL
-        cdef cydriver.CUgraph body = NULL
         cdef cydriver.CUcontext ctx
         cdef ConditionalFrame frame
-        self._check_capture_thread("begin_capture_to_if_node" if kind == IF_NODE
-                                   else "begin_capture_to_while_node")
+        cdef unsigned int k
+        what = {IF_NODE: "begin_capture_to_if_node", WHILE_NODE: "begin_capture_to_while_node",
+                SWITCH_NODE: "begin_capture_to_switch_node"}.get(kind)
+        if what is None:
+            raise ValueError(f"unknown conditional node kind {kind}")
+        self._check_capture_thread(what)
+        if not (kind == SWITCH_NODE and 1 <= num_bodies <= MAX_SWITCH_CASES
+                or kind == IF_NODE and 1 <= num_bodies <= 2 or kind == WHILE_NODE and num_bodies == 1):
+            raise ValueError(f"{what}: a {_KIND_NAMES[kind]} node cannot have {num_bodies} bodies")
+        if (kind == SWITCH_NODE) != (index_dtype is not None):
+            raise TypeError(f"{what}: a SWITCH samples an integer index, IF and WHILE a bool")
+        self._check_between_branches(self._innermost(), what)
         cur = self._current_capture_stream()
         if current_stream_handle(self._device) != cur._handle:
             raise RuntimeError("the current stream is not the capture stream of the innermost body")
@@ -399,22 +457,47 @@ cdef class CUDAGraphBase:
             raise RuntimeError("the capture was invalidated by an earlier error; end it and capture again")
         with nogil:
             check(cydriver.cuGraphConditionalHandleCreate(&handle, graph, ctx, 0, 0))
-        self._launch_set_conditional(handle, pred, cur._handle)
+        frame = ConditionalFrame.__new__(ConditionalFrame)
+        frame.handle = handle
+        frame.kind = kind
+        frame.bodies = [0] * num_bodies       # read from the node below; sizes the SWITCH kernel's bound
+        frame.parent = cur
+        frame.pred = pred
+        frame.index_dtype = index_dtype
+        frame.branch = -1
+        frame.next_branch = 0
+        self._launch_set_conditional(frame, pred, cur._handle)
         with nogil:
             check(cydriver.cuStreamGetCaptureInfo(cur._handle, &status, &cid, &graph, &deps, &edges, &ndeps))
         memset(&params, 0, sizeof(params))
         params.type = cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL
         params.conditional.handle = handle
         params.conditional.type = (cydriver.CU_GRAPH_COND_TYPE_IF if kind == IF_NODE
-                                   else cydriver.CU_GRAPH_COND_TYPE_WHILE)
-        params.conditional.size = 1
+                                   else cydriver.CU_GRAPH_COND_TYPE_WHILE if kind == WHILE_NODE
+                                   else cydriver.CU_GRAPH_COND_TYPE_SWITCH)
+        params.conditional.size = num_bodies
         params.conditional.ctx = ctx
         with nogil:
             check(cydriver.cuGraphAddNode(&node, graph, deps, edges, ndeps, &params))
             check(cydriver.cuStreamUpdateCaptureDependencies(
                 cur._handle, &node, NULL, 1, cydriver.CU_STREAM_SET_CAPTURE_DEPENDENCIES))
-        body = params.conditional.phGraph_out[0]
-        self._cond_nodes[<uintptr_t>node] = (kind, <uintptr_t>body, handle)
+        for k in range(num_bodies):
+            frame.bodies[k] = <uintptr_t>params.conditional.phGraph_out[k]
+        frame.node = <uintptr_t>node
+        self._cond_nodes[<uintptr_t>node] = (kind, list(frame.bodies), handle)
+        _keep_storage(self._keepalive_storages, pred_owner)   # replays read the predicate
+        if open_first:
+            self._open_branch(frame, 0)
+        self._cond_stack.append(frame)
+
+    cdef int _open_branch(self, ConditionalFrame frame, int k) except -1:
+        """Capture body ``k`` of ``frame``'s node on a child stream, which
+        becomes the current stream; the allocator treats it as a body of its
+        own (blocks from before it, freed inside it, wait until it ends)."""
+        cdef Stream child
+        cdef cydriver.CUstreamCaptureStatus status
+        cdef cydriver.cuuint64_t child_cid = 0
+        cdef cydriver.CUgraph body = <cydriver.CUgraph><uintptr_t>frame.bodies[k]
         child = capture_side_stream(self._device)
         try:
             with nogil:
@@ -427,48 +510,146 @@ cdef class CUDAGraphBase:
             _discard_capture(child._handle, False)
             release_capture_side_stream(child)
             raise
-        frame = ConditionalFrame.__new__(ConditionalFrame)
-        frame.handle = handle
-        frame.kind = kind
         frame.body = child
-        frame.parent = cur
-        frame.pred = pred
-        self._cond_stack.append(frame)
-        _keep_storage(self._keepalive_storages, pred_owner)   # replays read the predicate
+        frame.branch = k
+        frame.next_branch = k + 1
         set_stream(child)
+        return 0
 
-    def _end_conditional(self):
-        """Close the innermost body; a WHILE body first re-samples its predicate."""
-        cdef ConditionalFrame frame
+    cdef int _close_branch(self, ConditionalFrame frame) except -1:
+        """End the capture of ``frame``'s open body; its parent's stream is
+        current again. A WHILE body first re-samples its predicate."""
         cdef cydriver.CUgraph g = NULL
         cdef cydriver.CUresult r
-        if not self._cond_stack:
-            raise RuntimeError("end_capture_to_conditional_node: no conditional body is open")
-        self._check_capture_thread("end_capture_to_conditional_node")
-        frame = self._cond_stack[len(self._cond_stack) - 1]
-        if current_stream_handle(self._device) != frame.body._handle:
-            raise RuntimeError("end_capture_to_conditional_node: the current stream is not the body's stream")
+        cdef Stream body = frame.body
         if frame.kind == WHILE_NODE:
-            self._launch_set_conditional(frame.handle, frame.pred, frame.body._handle)
-        self._cond_stack.pop()
+            self._launch_set_conditional(frame, frame.pred, body._handle)
         with nogil:
-            r = cydriver.cuStreamEndCapture(frame.body._handle, &g)     # g is the node's body: not ours
+            r = cydriver.cuStreamEndCapture(body._handle, &g)     # g is the node's body: not ours
+        frame.body = None
+        frame.branch = -1
         _allocator(self._device).end_body(self._capture_state)
-        release_capture_side_stream(frame.body)
+        release_capture_side_stream(body)
         set_stream(frame.parent)
         check(r)
+        return 0
 
-    def _set_conditional(self, uintptr_t pred, object pred_owner):
+    cdef int _check_parent_untouched(self, ConditionalFrame frame, str what) except -1:
+        """Between branches the parent's stream is current, but work queued
+        there would land after the node, in no branch: refuse it (and discard
+        the capture, which cannot be mended)."""
+        cdef cydriver.CUstreamCaptureStatus status
+        cdef cydriver.cuuint64_t cid = 0
+        cdef const cydriver.CUgraphNode* deps = NULL
+        cdef const cydriver.CUgraphEdgeData* edges = NULL
+        cdef size_t ndeps = 0
+        with nogil:
+            check(cydriver.cuStreamGetCaptureInfo(frame.parent._handle, &status, &cid, NULL, &deps, &edges, &ndeps))
+        if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE and ndeps == 1 and <uintptr_t>deps[0] == frame.node:
+            return 0
+        self._abort_capture()
+        raise RuntimeError(f"{what}: work was queued between the branches of a {_KIND_NAMES[frame.kind]} node "
+                           f"(after one ended, before the next began), so it would run after the node in no "
+                           f"branch; the capture was discarded")
+
+    def _begin_branch(self, int kind, int k, str what):
+        """End the open branch of the innermost IF/ELSE or SWITCH node, if
+        any, and begin capturing its branch ``k`` (IF/ELSE: 0 then, 1 else;
+        SWITCH: the case). Branches begin in increasing order, each once."""
+        cdef ConditionalFrame frame = self._innermost()
+        if frame is None:
+            self._check_capture_thread(what)
+            raise RuntimeError(f"{what}: no conditional node is open")
+        self._check_capture_thread(what)
+        if frame.kind != kind or len(frame.bodies) < 2 and kind == IF_NODE:
+            if kind == IF_NODE:
+                has = ("an IF node without an else body (open it with begin_capture_to_if_node(pred, "
+                       "with_else=True))" if frame.kind == IF_NODE else f"a {_KIND_NAMES[frame.kind]} node")
+                raise RuntimeError(f"{what}: the innermost open conditional node is {has}, not an IF/ELSE")
+            raise RuntimeError(f"{what}: the innermost open conditional node is "
+                               f"{'an' if frame.kind == IF_NODE else 'a'} {_KIND_NAMES[frame.kind]} node, "
+                               f"not a SWITCH")
+        n = len(frame.bodies)
+        if k < 0 or k >= n:
+            raise ValueError(f"{what}: case {k} is out of range for a SWITCH of {n} cases" if kind == SWITCH_NODE
+                             else f"{what}: an IF/ELSE has branches 0 (then) and 1 (else), not {k}")
+        if k < frame.next_branch:
+            if kind == IF_NODE:
+                raise RuntimeError(f"{what}: the {'else' if k == 1 else 'then'} branch of this IF/ELSE was "
+                                   f"already begun" + (" (else comes after then, once)" if k == 0 else ""))
+            raise RuntimeError(f"{what}: case {k} cannot begin: cases begin in increasing order, each once, "
+                               f"and case {frame.next_branch - 1} was begun already")
+        expected = frame.body if frame.body is not None else frame.parent
+        if current_stream_handle(self._device) != expected._handle:
+            raise RuntimeError(f"{what}: the current stream is not the capture stream of the innermost body "
+                               f"(a stream set inside it was not restored)")
+        if frame.body is not None:
+            self._close_branch(frame)
+        else:
+            self._check_parent_untouched(frame, what)
+        self._open_branch(frame, k)
+
+    def _end_branch(self):
+        """End the open branch of the innermost IF/ELSE or SWITCH node, keeping
+        the node open (the structured form's branch exit)."""
+        cdef ConditionalFrame frame = self._innermost()
+        self._check_capture_thread("end of a branch")
+        if frame is None or frame.body is None or len(frame.bodies) < 2 and frame.kind != SWITCH_NODE:
+            raise RuntimeError("end of a branch: no branch of an IF/ELSE or SWITCH node is open")
+        if current_stream_handle(self._device) != frame.body._handle:
+            raise RuntimeError("end of a branch: the current stream is not the branch's stream "
+                               "(a stream set inside it was not restored)")
+        self._close_branch(frame)
+
+    def _end_conditional(self):
+        """Close the innermost node: its open body (a WHILE body first
+        re-samples its predicate); branches never begun stay empty."""
+        cdef ConditionalFrame frame = self._innermost()
+        if frame is None:
+            raise RuntimeError("end_capture_to_conditional_node: no conditional body is open")
+        self._check_capture_thread("end_capture_to_conditional_node")
+        if frame.body is not None:
+            if current_stream_handle(self._device) != frame.body._handle:
+                raise RuntimeError("end_capture_to_conditional_node: the current stream is not the body's stream")
+            self._close_branch(frame)     # a failure keeps the frame (body None) for the abort
+            self._cond_stack.pop()
+            return
+        if current_stream_handle(self._device) != frame.parent._handle:
+            raise RuntimeError("end_capture_to_conditional_node: the current stream is not the capture stream "
+                               "of the node's parent (a stream set inside it was not restored)")
+        self._check_parent_untouched(frame, "end_capture_to_conditional_node")
+        self._cond_stack.pop()
+
+    def _set_conditional(self, uintptr_t pred, object pred_owner, str index_dtype=None):
         """Sample ``pred`` into the innermost node's handle now and make it the
-        node's predicate."""
-        cdef ConditionalFrame frame
-        if not self._cond_stack:
+        node's predicate (a SWITCH's: an integer index of ``index_dtype``)."""
+        cdef ConditionalFrame frame = self._innermost()
+        if frame is None:
             raise RuntimeError("set_conditional_handle_for_current_node: no conditional body is open")
         self._check_capture_thread("set_conditional_handle_for_current_node")
-        frame = self._cond_stack[len(self._cond_stack) - 1]
-        self._launch_set_conditional(frame.handle, pred, current_stream_handle(self._device))
+        self._check_between_branches(frame, "set_conditional_handle_for_current_node")
+        if (frame.kind == SWITCH_NODE) != (index_dtype is not None):
+            raise TypeError("set_conditional_handle_for_current_node: the innermost node is "
+                            + ("a SWITCH: pass a one-element CUDA integer tensor" if frame.kind == SWITCH_NODE
+                               else f"{'an' if frame.kind == IF_NODE else 'a'} {_KIND_NAMES[frame.kind]} node: "
+                                    "pass a one-element CUDA bool tensor"))
+        if current_stream_handle(self._device) != frame.body._handle:
+            raise RuntimeError("set_conditional_handle_for_current_node: the current stream is not the body's "
+                               "stream")
+        if index_dtype is not None and index_dtype != frame.index_dtype:
+            frame.index_dtype = index_dtype
+        self._launch_set_conditional(frame, pred, frame.body._handle)
         frame.pred = pred
         _keep_storage(self._keepalive_storages, pred_owner)
+
+    @property
+    def _innermost_conditional(self):
+        """(kind name, number of bodies, open branch or -1, node as an int) of
+        the innermost open conditional node, or None."""
+        cdef ConditionalFrame frame = self._innermost()
+        if frame is None:
+            return None
+        return (("if", "while", "switch")[frame.kind], len(frame.bodies), frame.branch, frame.node)
 
     @property
     def conditional_depth(self):
@@ -621,6 +802,7 @@ cdef class CUDAGraphBase:
             self._has_pool = False
         self._keepalive_storages = {}
         self._cond_nodes = {}
+        self._set_switch_fns = {}
         self.num_nodes = 0
 
     def _reset(self):

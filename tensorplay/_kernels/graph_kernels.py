@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The kernels the graph layer launches itself: stage_and_launch's table-driven
-multi-tensor copy, and the one-thread kernel that sets a conditional node's
-handle from a device bool."""
+multi-tensor copy, and the one-thread kernels that set a conditional node's
+handle: from a device bool (IF, IF/ELSE, WHILE) or from a device integer
+index (SWITCH, one variant per integer dtype)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,41 @@ extern "C" __global__ void tp_set_conditional(cudaGraphConditionalHandle handle,
   cudaGraphSetConditional(handle, *pred ? 1u : 0u);
 }
 """
+
+
+# The C type of each integer dtype a SWITCH index may have, and whether it is signed.
+SWITCH_INDEX_TYPES = {
+    "uint8": ("unsigned char", False), "int8": ("signed char", True), "int16": ("short", True),
+    "int32": ("int", True), "int64": ("long long", True),
+}
+
+
+def set_switch_source(dtype: str) -> str:
+    """The one-thread kernel that writes a SWITCH node's case from a device
+    integer of ``dtype``: the value when it lies in [0, num_cases), else
+    ``num_cases``, which selects no body (a negative or huge index must not
+    wrap into range when narrowed to the handle's unsigned int)."""
+    try:
+        ctype, signed = SWITCH_INDEX_TYPES[dtype]
+    except KeyError:
+        raise ValueError(f"a SWITCH index must have an integer dtype, got {dtype}") from None
+    in_range = "v >= 0 && " if signed else ""
+    return f"""
+typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
+extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);
+extern "C" __global__ void tp_set_switch_{dtype}(cudaGraphConditionalHandle handle, const {ctype}* index,
+                                                 unsigned long long num_cases) {{
+  {ctype} v = *index;
+  bool in_range = {in_range}(unsigned long long)v < num_cases;
+  cudaGraphSetConditional(handle, in_range ? (unsigned int)v : (unsigned int)num_cases);
+}}
+"""
+
+
+def set_switch_function(dtype, device):
+    """The loaded kernel that copies a device integer of ``dtype`` into a SWITCH handle."""
+    return cache.cached_function(("set_switch", dtype), device,
+                                 lambda: (set_switch_source(dtype), f"tp_set_switch_{dtype}"))
 
 
 def set_conditional_function(device):

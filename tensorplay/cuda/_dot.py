@@ -5,12 +5,15 @@ A description is what ``CUDAGraph.describe()`` returns::
 
     {"nodes": [{"id": 0, "kind": "kernel", "name": "tp_add_float32", "attrs": {...}},
                {"id": 1, "kind": "conditional", "type": "while", "attrs": {...},
-                "bodies": [<description>, ...]},
+                "bodies": [<description with a "label">, ...]},
                ...],
      "edges": [[0, 1], ...]}
 
-Conditional bodies become clusters labelled ``if`` / ``while``, nested as
-captured; every label is escaped, so any kernel name yields valid DOT.
+Conditional bodies become clusters, nested as captured: the one body of an
+IF or WHILE node is labelled with the node's type (``if`` / ``while``); the
+bodies of an IF/ELSE or SWITCH node with their own labels (``then`` /
+``else``, ``case 0`` ... ``case n-1``), which also mark the dashed edge from
+the node to each. Every label is escaped, so any kernel name yields valid DOT.
 """
 
 from __future__ import annotations
@@ -82,18 +85,22 @@ def _emit(desc, prefix, lines, indent, detailed, counter):
         ids[node["id"]] = nid
         shape = _SHAPES.get(node.get("kind"), "box")
         lines.append(f'{indent}{escape(nid)} [label={escape(_label(node, detailed))}, shape={shape}];')
-        for b, body in enumerate(node.get("bodies", []) or []):
+        bodies = node.get("bodies", []) or []
+        for b, body in enumerate(bodies):
             counter[0] += 1
             cluster = f"cluster_{counter[0]}"
+            branch = body.get("label") if len(bodies) > 1 else None
             lines.append(f"{indent}subgraph {cluster} {{")
-            lines.append(f"{indent}  label={escape(node.get('type', 'body'))}; style=rounded; color=gray40;")
+            label = branch if branch else node.get("type", "body")
+            lines.append(f"{indent}  label={escape(label)}; style=rounded; color=gray40;")
             body_prefix = f"{prefix}n{node['id']}b{b}_"
             first = _emit(body, body_prefix, lines, indent + "  ", detailed, counter)
             if not first:   # an empty body still shows as a cluster
                 lines.append(f'{indent}  {escape(body_prefix + "empty")} [label="(empty)", shape=plaintext];')
                 first = [body_prefix + "empty"]
             lines.append(f"{indent}}}")
-            lines.append(f'{indent}{escape(nid)} -> {escape(first[0])} [lhead={cluster}, style=dashed];')
+            edge_label = f", label={escape(branch)}" if branch else ""
+            lines.append(f'{indent}{escape(nid)} -> {escape(first[0])} [lhead={cluster}, style=dashed{edge_label}];')
     for a, b in desc.get("edges", []):
         if a in ids and b in ids:
             lines.append(f"{indent}{escape(ids[a])} -> {escape(ids[b])};")

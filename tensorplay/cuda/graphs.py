@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overl
 
 from .._alloc import graph_pool_handle
 from .._cuda import CudaError, current_device, driver_version
-from .._graph import CAPTURE_MODES, CUDAGraphBase, is_stream_capturing
+from .._graph import CAPTURE_MODES, MAX_SWITCH_CASES, CUDAGraphBase, is_stream_capturing
 from .._kernel import Function
 from .._kernels import graph_kernels
 from .._stream import current_stream, stream as use_stream, warmup_stream
 from .._tensor import Tensor as _Tensor
 from ..types import CaptureErrorMode, PoolLike, StreamLike
-from . import _dot
+from . import _dot, _structured
 
 if TYPE_CHECKING:
     from .. import Tensor
@@ -41,6 +41,8 @@ R3 = TypeVar("R3")
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables"]
+
+_IF, _WHILE, _SWITCH = _structured.IF, _structured.WHILE, _structured.SWITCH
 
 
 def _pool_id_of(pool: PoolLike) -> int:
@@ -72,6 +74,10 @@ class _GraphKernels:
     @staticmethod
     def set_conditional(device: int) -> Function:
         return graph_kernels.set_conditional_function(device)
+
+    @staticmethod
+    def set_switch(dtype: str, device: int) -> Function:
+        return graph_kernels.set_switch_function(dtype, device)
 
     @staticmethod
     def multi_copy(capacity: int, device: int) -> Function:
@@ -188,8 +194,10 @@ class CUDAGraph(CUDAGraphBase):
             {"nodes": [{"id": int, "kind": "kernel" | "memcpy" | "memset" | "event_record" |
                         "wait_event" | "mem_alloc" | "mem_free" | "empty" | "conditional" | ...,
                         "name": kernel name (kernels),
-                        "type": "if" | "while" (conditional nodes),
-                        "bodies": [description, ...] (conditional nodes),
+                        "type": "if" | "while" | "switch" (conditional nodes),
+                        "bodies": [description, ...] (conditional nodes, in branch
+                                  order, each with a "label": "then" / "else" (IF),
+                                  "body" (WHILE), "case 0" ... "case n-1" (SWITCH)),
                         "attrs": {grid, block, shared_mem, num_params, bytes, value, direction,
                                   event, handle, ...}},
                        ...],
@@ -203,7 +211,8 @@ class CUDAGraph(CUDAGraphBase):
         """Write a picture of the captured graph to ``path`` and return the path written.
 
         The picture is Graphviz DOT (nodes, edges, conditional bodies as
-        clusters). With a ``.svg`` or ``.png`` name and Graphviz's ``dot``
+        clusters; the branches of an IF/ELSE and the cases of a SWITCH
+        labelled). With a ``.svg`` or ``.png`` name and Graphviz's ``dot``
         installed it is rendered; without ``dot`` the DOT file is written next
         to it and a warning says how to render it.
 
@@ -243,7 +252,16 @@ class CUDAGraph(CUDAGraphBase):
 
     # ------------------------------------------------------------ conditional nodes
 
-    def _check_pred(self, scalar_pred, what):
+    def _check_capture_device(self, t: Tensor, name: str, what: str, need: tuple[int, int], feature: str) -> None:
+        if not self.is_capturing:
+            raise RuntimeError(f"{what}: no capture is open on this graph (call capture_begin first)")
+        if t.device.index != self.device_index:
+            raise ValueError(f"{what}: {name} is on {t.device}, the capture on cuda:{self.device_index}")
+        if driver_version() < need:
+            raise RuntimeError(f"{what}: {feature} need a CUDA {need[0]}.{need[1]} or newer driver, "
+                               f"this one is {'.'.join(map(str, driver_version()))}")
+
+    def _check_pred(self, scalar_pred, what, with_else=False):
         if not isinstance(scalar_pred, _Tensor):
             raise TypeError(f"{what}: scalar_pred must be a CUDA bool tensor, got {type(scalar_pred).__name__}")
         if not scalar_pred.is_cuda:
@@ -252,23 +270,60 @@ class CUDAGraph(CUDAGraphBase):
             raise TypeError(f"{what}: scalar_pred must have dtype bool, got {scalar_pred.dtype.name}")
         if scalar_pred.numel() != 1:
             raise ValueError(f"{what}: scalar_pred must have exactly one element, got shape {scalar_pred.shape}")
-        if not self.is_capturing:
-            raise RuntimeError(f"{what}: no capture is open on this graph (call capture_begin first)")
-        if scalar_pred.device.index != self.device_index:
-            raise ValueError(f"{what}: scalar_pred is on {scalar_pred.device}, the capture on "
-                             f"cuda:{self.device_index}")
-        if driver_version() < (12, 4):
-            raise RuntimeError(f"{what}: conditional graph nodes need a CUDA 12.4 or newer driver, "
-                               f"this one is {'.'.join(map(str, driver_version()))}")
+        if with_else:
+            self._check_capture_device(scalar_pred, "scalar_pred", what, (12, 8), "IF nodes with an else body")
+        else:
+            self._check_capture_device(scalar_pred, "scalar_pred", what, (12, 4), "conditional graph nodes")
         return scalar_pred
 
-    def begin_capture_to_if_node(self, scalar_pred: Tensor) -> None:
+    def _check_index(self, index, what):
+        if not isinstance(index, _Tensor):
+            raise TypeError(f"{what}: index must be a one-element CUDA integer tensor, got {type(index).__name__}")
+        if index.dtype.name not in graph_kernels.SWITCH_INDEX_TYPES:
+            raise TypeError(f"{what}: index must have an integer dtype, got {index.dtype.name}")
+        if not index.is_cuda:
+            raise ValueError(f"{what}: index must be a CUDA tensor, got a CPU tensor")
+        if index.numel() != 1:
+            raise ValueError(f"{what}: index must have exactly one element, got shape {index.shape}")
+        self._check_capture_device(index, "index", what, (12, 8), "SWITCH nodes")
+        return index
+
+    @staticmethod
+    def _check_num_cases(num_cases, what):
+        if isinstance(num_cases, bool) or not isinstance(num_cases, numbers.Integral):
+            raise TypeError(f"{what}: num_cases must be an int, got {type(num_cases).__name__}")
+        if not 1 <= num_cases <= MAX_SWITCH_CASES:
+            raise ValueError(f"{what}: num_cases must be in [1, {MAX_SWITCH_CASES}], got {num_cases}")
+        return int(num_cases)
+
+    def begin_capture_to_if_node(self, scalar_pred: Tensor, with_else: bool = False) -> None:
         """Capture the following work into the body of an IF node: at replay
         the body runs only when ``scalar_pred`` (a one-element CUDA bool
         tensor, read on the device when the node is reached) is true. Close
-        the body with :meth:`end_capture_to_conditional_node`."""
-        p = self._check_pred(scalar_pred, "begin_capture_to_if_node")
-        self._begin_conditional(0, p.data_ptr(), p)
+        the body with :meth:`end_capture_to_conditional_node`.
+
+        With ``with_else=True`` the node has a second body, run when
+        ``scalar_pred`` is false: :meth:`begin_capture_to_else_branch` ends
+        the then body and captures the else body (one node and one
+        set-conditional kernel, where two IF nodes on ``pred`` and
+        ``logical_not(pred)`` take two of each). An else body never begun
+        stays empty. Needs a CUDA 12.8 or newer driver.
+        """
+        if not isinstance(with_else, bool):
+            raise TypeError(f"begin_capture_to_if_node: with_else must be a bool, got {type(with_else).__name__}")
+        p = self._check_pred(scalar_pred, "begin_capture_to_if_node", with_else)
+        self._begin_conditional(_IF, p.data_ptr(), p, 2 if with_else else 1)
+
+    def begin_capture_to_else_branch(self) -> None:
+        """End the then body of the innermost open IF node (opened with
+        ``with_else=True``) and capture the following work into its else
+        body, which runs when the predicate is false. Once per node; close
+        the node with :meth:`end_capture_to_conditional_node`.
+
+        Raises RuntimeError, before any driver call and leaving the capture
+        as it was, outside an IF node with an else body or for a second else.
+        """
+        self._begin_branch(_IF, 1, "begin_capture_to_else_branch")
 
     def begin_capture_to_while_node(self, scalar_pred: Tensor) -> None:
         """Capture the following work into the body of a WHILE node: at replay
@@ -276,18 +331,111 @@ class CUDAGraph(CUDAGraphBase):
         iteration and again at the end of every iteration (so a body that
         updates the predicate ends the loop)."""
         p = self._check_pred(scalar_pred, "begin_capture_to_while_node")
-        self._begin_conditional(1, p.data_ptr(), p)
+        self._begin_conditional(_WHILE, p.data_ptr(), p)
+
+    def begin_capture_to_switch_node(self, index: Tensor, num_cases: int) -> None:
+        """Add a SWITCH node of ``num_cases`` bodies: at replay, body ``k``
+        runs when ``index`` (a one-element CUDA integer tensor of any integer
+        dtype, read on the device when the node is reached) equals ``k``; an
+        index outside ``[0, num_cases)``, negative ones included, runs no
+        body (negative values are mapped past the last case).
+
+        No case is open after this call: capture each with
+        :meth:`begin_capture_to_switch_case`, in increasing order, then close
+        the node with :meth:`end_capture_to_conditional_node`. Cases never
+        begun stay empty (that index runs nothing). Work queued after this
+        call and before the first case (or between cases) would land in no
+        case: it is refused and the capture discarded.
+
+        ``num_cases`` is at most 1024 (``tensorplay.cuda.graphs.MAX_SWITCH_CASES``):
+        the driver documents no bound, this is tensorplay's. Needs a CUDA 12.8 or newer
+        driver.
+        """
+        n = self._check_num_cases(num_cases, "begin_capture_to_switch_node")
+        i = self._check_index(index, "begin_capture_to_switch_node")
+        self._begin_conditional(_SWITCH, i.data_ptr(), i, n, False, i.dtype.name)
+
+    def begin_capture_to_switch_case(self, case: int) -> None:
+        """Capture the following work into case ``case`` of the innermost
+        open SWITCH node, ending the case open before it. Cases begin in
+        increasing order, each at most once (skipped ones stay empty).
+
+        Raises TypeError or ValueError for a case that is not an int in
+        ``[0, num_cases)``, RuntimeError outside a SWITCH or for a case
+        begun already or out of order: before any driver call, the capture
+        left as it was.
+        """
+        if isinstance(case, bool) or not isinstance(case, numbers.Integral):
+            raise TypeError(f"begin_capture_to_switch_case: case must be an int, got {type(case).__name__}")
+        self._begin_branch(_SWITCH, int(case), "begin_capture_to_switch_case")
 
     def end_capture_to_conditional_node(self) -> None:
-        """Close the innermost open conditional body; capture returns to its parent."""
+        """Close the innermost open conditional node (its open body or case,
+        and the node itself); capture returns to its parent."""
         self._end_conditional()
 
     def set_conditional_handle_for_current_node(self, scalar_pred: Tensor) -> None:
         """Sample ``scalar_pred`` into the innermost open node's condition now
-        and make it that node's predicate (a WHILE body samples it again at the
-        end of each iteration)."""
-        p = self._check_pred(scalar_pred, "set_conditional_handle_for_current_node")
+        and make it that node's predicate.
+
+        For a WHILE node this decides whether the loop goes on (the body
+        samples the predicate again at the end of each iteration). An IF,
+        IF/ELSE or SWITCH node has chosen its body when that body runs, so
+        there the call only writes the handle. Inside a SWITCH case it takes
+        a one-element CUDA integer tensor (the index, any integer dtype, out
+        of range selecting no case); elsewhere a bool tensor. Between the
+        branches of a node (none open) it raises RuntimeError.
+        """
+        what = "set_conditional_handle_for_current_node"
+        inner = self._innermost_conditional
+        if inner is not None and inner[0] == "switch":
+            i = self._check_index(scalar_pred, what)
+            self._set_conditional(i.data_ptr(), i, i.dtype.name)
+            return
+        p = self._check_pred(scalar_pred, what)
         self._set_conditional(p.data_ptr(), p)
+
+    def _begin_node(self, kind: int, pred: Tensor, num_bodies: int) -> None:
+        """Open an IF/ELSE (kind 0, two bodies) or SWITCH (kind 2) node with no
+        branch open: the structured form's outer block."""
+        if kind == _SWITCH:
+            n = self._check_num_cases(num_bodies, "switch")
+            i = self._check_index(pred, "switch")
+            self._begin_conditional(_SWITCH, i.data_ptr(), i, n, False, i.dtype.name)
+        else:
+            p = self._check_pred(pred, "if_else", True)
+            self._begin_conditional(_IF, p.data_ptr(), p, 2, False)
+
+    # ------------------------------------------------------------ structured conditional nodes
+
+    def if_(self, scalar_pred: Tensor) -> _structured.Body:
+        """``with g.if_(pred): ...``: the block is the body of an IF node
+        (:meth:`begin_capture_to_if_node` on entry,
+        :meth:`end_capture_to_conditional_node` on exit). An exception in the
+        block discards the whole capture and leaves the graph reset."""
+        return _structured.Body(self, _IF, scalar_pred)
+
+    def while_(self, scalar_pred: Tensor) -> _structured.Body:
+        """``with g.while_(pred): ...``: the block is the body of a WHILE node
+        (see :meth:`begin_capture_to_while_node`)."""
+        return _structured.Body(self, _WHILE, scalar_pred)
+
+    def if_else(self, scalar_pred: Tensor) -> _structured.IfElse:
+        """``with g.if_else(pred) as (then, otherwise):`` one IF node with an
+        else body; inside, ``with then: ...`` captures the body run when
+        ``pred`` is true and ``with otherwise: ...`` the one run when it is
+        false, in that order, each at most once (one left out stays empty).
+        The outer block closes the node, so the pair cannot be left
+        unbalanced. Work inside the outer block but outside both branch
+        blocks is refused (it would run in neither branch)."""
+        return _structured.IfElse(self, scalar_pred)
+
+    def switch(self, index: Tensor, num_cases: int) -> _structured.Switch:
+        """``with g.switch(index, n) as cases:`` one SWITCH node; inside,
+        ``with cases[k]: ...`` captures case ``k``, in increasing order, each
+        at most once (cases left out stay empty). An index outside ``[0, n)``
+        runs no case. See :meth:`begin_capture_to_switch_node`."""
+        return _structured.Switch(self, index, num_cases)
 
     def __repr__(self):
         state = "capturing" if self.is_capturing else ("ready" if self.is_instantiated else "empty")
