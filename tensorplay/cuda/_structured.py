@@ -47,6 +47,18 @@ def _abort_on_error(graph: Any, exc_type: type[BaseException] | None) -> bool:
     return True
 
 
+def _leave(graph: Any, exc_type: type[BaseException] | None, finish: Any) -> None:
+    """A block's exit: discard the capture if the block raised, else
+    ``finish()`` (and discard the capture if that raises)."""
+    if _abort_on_error(graph, exc_type):
+        return
+    try:
+        finish()
+    except BaseException:
+        _abort_on_error(graph, RuntimeError)
+        raise
+
+
 class Body:
     """``with g.if_(pred):`` / ``with g.while_(pred):``: a one-body node."""
 
@@ -63,13 +75,7 @@ class Body:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if _abort_on_error(self._graph, exc_type):
-            return
-        try:
-            self._graph.end_capture_to_conditional_node()
-        except BaseException:
-            _abort_on_error(self._graph, RuntimeError)
-            raise
+        _leave(self._graph, exc_type, self._graph.end_capture_to_conditional_node)
 
 
 class Branch:
@@ -96,13 +102,7 @@ class Branch:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if _abort_on_error(self._graph, exc_type):
-            return
-        try:
-            self._graph._end_branch()
-        except BaseException:
-            _abort_on_error(self._graph, RuntimeError)
-            raise
+        _leave(self._graph, exc_type, self._graph._end_branch)
 
     def __repr__(self) -> str:
         return f"<{self._what} branch of a {_NAMES[self._kind]} node>"
@@ -126,13 +126,7 @@ class _Node:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if _abort_on_error(self._graph, exc_type):
-            return
-        try:
-            self._graph.end_capture_to_conditional_node()
-        except BaseException:
-            _abort_on_error(self._graph, RuntimeError)
-            raise
+        _leave(self._graph, exc_type, self._graph.end_capture_to_conditional_node)
 
 
 class IfElse(_Node):
