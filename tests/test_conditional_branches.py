@@ -473,3 +473,29 @@ def test_debug_dump_shows_the_branch_labels(tmp_path):
     g2, _, _ = _if_else_graph(True)
     text = open(g2.debug_dump(tmp_path / "i.dot")).read()
     assert 'label="then"' in text and 'label="else"' in text
+
+
+def test_a_set_kernel_that_fails_to_load_leaves_the_capture_usable():
+    """The set-switch kernel is loaded before the node's handle is made: a
+    failure there leaves no handle without a node, and the capture goes on."""
+    from tensorplay.cuda import graphs as _graphs
+
+    class FailingSwitchKernels(_graphs._GraphKernels):
+        @staticmethod
+        def set_switch(dtype, device):
+            raise RuntimeError("no set-switch kernel today")
+
+    _warm()
+    x = tp.ones(8, device="cuda")
+    index = tp.tensor([1], dtype=tp.int32, device="cuda")
+    from tensorplay._graph import CUDAGraphBase
+    g = CUDAGraph()
+    CUDAGraphBase.__init__(g, FailingSwitchKernels())      # the graph layer's kernels come from here
+    with tp.cuda.graph(g):
+        y = x * 2
+        with pytest.raises(RuntimeError, match="no set-switch kernel today"):
+            g.begin_capture_to_switch_node(index, 3)
+        assert g.is_capturing and g.conditional_depth == 0
+        y.add_(1)
+    g.replay()
+    assert y.tolist() == [3.0] * 8

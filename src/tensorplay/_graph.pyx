@@ -372,19 +372,11 @@ cdef class CUDAGraphBase:
         handle: a bool for IF and WHILE, an integer index (out of range mapped
         to num_cases, no body) for SWITCH."""
         cdef unsigned long long args[3]
-        cdef Function fn
+        cdef Function fn = self._set_kernel_for(frame.kind, frame.index_dtype)
         cdef size_t nargs = 2
         if frame.kind == SWITCH_NODE:
-            fn = self._set_switch_fns.get(frame.index_dtype)
-            if fn is None:
-                fn = self._kernels.set_switch(frame.index_dtype, self._device)
-                self._set_switch_fns[frame.index_dtype] = fn
             args[2] = len(frame.bodies)
             nargs = 3
-        else:
-            if self._set_cond_fn is None:
-                self._set_cond_fn = self._kernels.set_conditional(self._device)
-            fn = self._set_cond_fn
         args[0] = frame.handle
         args[1] = pred
         with nogil:
@@ -427,15 +419,8 @@ cdef class CUDAGraphBase:
         cdef cydriver.CUstreamCaptureStatus status
         cdef cydriver.cuuint64_t cid = 0
         cdef cydriver.CUgraph graph = NULL
-        cdef const cydriver.CUgraphNode* deps = NULL
-        cdef const cydriver.CUgraphEdgeData* edges = NULL
-        cdef size_t ndeps = 0
         cdef cydriver.CUgraphConditionalHandle handle = 0
-        cdef cydriver.CUgraphNodeParams params
-        cdef cydriver.CUgraphNode node = NULL
         cdef cydriver.CUcontext ctx
-        cdef ConditionalFrame frame
-        cdef unsigned int k
         what = {IF_NODE: "begin_capture_to_if_node", WHILE_NODE: "begin_capture_to_while_node",
                 SWITCH_NODE: "begin_capture_to_switch_node"}.get(kind)
         if what is None:
@@ -455,8 +440,30 @@ cdef class CUDAGraphBase:
             check(cydriver.cuStreamGetCaptureInfo(cur._handle, &status, &cid, &graph, NULL, NULL, NULL))
         if status != cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
             raise RuntimeError("the capture was invalidated by an earlier error; end it and capture again")
+        self._set_kernel_for(kind, index_dtype)       # loaded first: a failure here leaves no trace
         with nogil:
             check(cydriver.cuGraphConditionalHandleCreate(&handle, graph, ctx, 0, 0))
+        try:
+            self._add_conditional_node(handle, kind, pred, pred_owner, num_bodies, open_first, index_dtype,
+                                       cur, ctx)
+        except BaseException:
+            # a handle, and maybe a node, the capture cannot lose again: it is discarded
+            self._abort_capture()
+            raise
+
+    cdef int _add_conditional_node(self, cydriver.CUgraphConditionalHandle handle, int kind, uintptr_t pred,
+                                   object pred_owner, unsigned int num_bodies, bint open_first,
+                                   str index_dtype, Stream cur, cydriver.CUcontext ctx) except -1:
+        cdef cydriver.CUstreamCaptureStatus status
+        cdef cydriver.cuuint64_t cid = 0
+        cdef cydriver.CUgraph graph = NULL
+        cdef const cydriver.CUgraphNode* deps = NULL
+        cdef const cydriver.CUgraphEdgeData* edges = NULL
+        cdef size_t ndeps = 0
+        cdef cydriver.CUgraphNodeParams params
+        cdef cydriver.CUgraphNode node = NULL
+        cdef ConditionalFrame frame
+        cdef unsigned int k
         frame = ConditionalFrame.__new__(ConditionalFrame)
         frame.handle = handle
         frame.kind = kind
@@ -489,6 +496,20 @@ cdef class CUDAGraphBase:
         if open_first:
             self._open_branch(frame, 0)
         self._cond_stack.append(frame)
+        return 0
+
+    cdef Function _set_kernel_for(self, int kind, str index_dtype):
+        """The set-conditional kernel of a node kind (loaded once per graph)."""
+        cdef Function fn
+        if kind == SWITCH_NODE:
+            fn = self._set_switch_fns.get(index_dtype)
+            if fn is None:
+                fn = self._kernels.set_switch(index_dtype, self._device)
+                self._set_switch_fns[index_dtype] = fn
+            return fn
+        if self._set_cond_fn is None:
+            self._set_cond_fn = self._kernels.set_conditional(self._device)
+        return self._set_cond_fn
 
     cdef int _open_branch(self, ConditionalFrame frame, int k) except -1:
         """Capture body ``k`` of ``frame``'s node on a child stream, which
@@ -531,7 +552,9 @@ cdef class CUDAGraphBase:
         _allocator(self._device).end_body(self._capture_state)
         release_capture_side_stream(body)
         set_stream(frame.parent)
-        check(r)
+        if r != cydriver.CUDA_SUCCESS:
+            self._abort_capture()        # the body lacks work the caller queued: nothing to mend
+            check(r)
         return 0
 
     cdef int _check_parent_untouched(self, ConditionalFrame frame, str what) except -1:
@@ -803,6 +826,7 @@ cdef class CUDAGraphBase:
         self._keepalive_storages = {}
         self._cond_nodes = {}
         self._set_switch_fns = {}
+        self._set_cond_fn = None          # a later capture may be on another device
         self.num_nodes = 0
 
     def _reset(self):
