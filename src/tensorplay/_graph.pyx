@@ -566,11 +566,17 @@ cdef class CUDAGraphBase:
         cdef const cydriver.CUgraphNode* deps = NULL
         cdef const cydriver.CUgraphEdgeData* edges = NULL
         cdef size_t ndeps = 0
+        cdef cydriver.CUresult r
         with nogil:
-            check(cydriver.cuStreamGetCaptureInfo(frame.parent._handle, &status, &cid, NULL, &deps, &edges, &ndeps))
-        if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE and ndeps == 1 and <uintptr_t>deps[0] == frame.node:
+            r = cydriver.cuStreamGetCaptureInfo(frame.parent._handle, &status, &cid, NULL, &deps, &edges, &ndeps)
+        if r == cydriver.CUDA_SUCCESS and status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE and ndeps == 1 \
+                and <uintptr_t>deps[0] == frame.node:
             return 0
         self._abort_capture()
+        check(r)
+        if status != cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            raise RuntimeError(f"{what}: the capture was invalidated by an earlier error (it was discarded); "
+                               f"capture again")
         raise RuntimeError(f"{what}: work was queued between the branches of a {_KIND_NAMES[frame.kind]} node "
                            f"(after one ended, before the next began), so it would run after the node in no "
                            f"branch; the capture was discarded")
