@@ -115,7 +115,8 @@ class CUDAGraph(CUDAGraphBase):
         Parameters
         ----------
         pool : None, int or CUDAGraph
-            None: a fresh private memory pool. An id from
+            None: a fresh private memory pool, or for a re-capture the pool
+            of this graph's previous capture. An id from
             :func:`graph_pool_handle`, another graph's ``pool_id`` or another
             ``CUDAGraph``: share that pool (graphs sharing a pool must replay
             in the order they were captured).
@@ -135,21 +136,35 @@ class CUDAGraph(CUDAGraphBase):
             For an unknown ``capture_error_mode`` or pool, or the legacy
             default stream as ``stream``.
         RuntimeError
-            If this graph is capturing or holds a captured graph (call
-            :meth:`reset` first).
+            If this graph is already capturing.
 
         Notes
         -----
         Wraps cuStreamBeginCapture; from here the caching allocator serves
         allocations on the capture stream from the graph's pool.
+
+        A graph that holds an executable can capture again (a re-capture,
+        on the same device): the previous executable keeps its place until
+        :meth:`capture_end`, which updates it in place with the new graph
+        (cuGraphExecUpdate; :attr:`exec_handle` stays the same) when the
+        driver accepts the new graph as the same topology, and otherwise
+        instantiates a new executable and destroys the old one
+        (:attr:`update_result` says which). The previous capture's stager,
+        node records and kept storages are dropped once the new executable
+        is in place. A re-capture that fails resets the graph (its previous
+        executable too); :meth:`reset` starts afresh.
         """
-        pool_id = _pool_id_of(pool)
+        # a re-capture stays in its pool unless told otherwise
+        previous = self.pool_id if pool is None and self.is_instantiated and not self.is_capturing else None
+        pool_id = previous if previous is not None else _pool_id_of(pool)
         mode = _mode_of(capture_error_mode)
         self._capture_begin(pool_id, mode, stream)
 
     def capture_end(self) -> None:
         """End the capture and build the executable now (cuGraphInstantiate
-        and cuGraphUpload), so the first replay costs nothing extra.
+        and cuGraphUpload), so the first replay costs nothing extra; for a
+        re-capture, first try updating the previous executable
+        (cuGraphExecUpdate, see :meth:`capture_begin`).
 
         Raises if no capture is open, on another thread than the one that
         began it, or when the driver rejects the capture (for example work
