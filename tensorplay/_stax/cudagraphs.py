@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 else:
     from .._tensor import Tensor
 
-__all__ = ["cudagraphify", "CUDAGraphified", "DEFAULT_MAX_GRAPHS"]
+__all__ = ["cudagraphify", "CUDAGraphified"]
 
-#: How many graphs a wrapper keeps by default (one per input signature).
+# How many graphs a wrapper keeps by default (one per input signature): a
+# handful of batch sizes or shapes, without unbounded pool growth.
 DEFAULT_MAX_GRAPHS = 8
 
 P = ParamSpec("P")
@@ -82,7 +83,7 @@ class CUDAGraphified(Generic[P, R]):
         Return copies of the static outputs instead of the outputs themselves
         (which the next call with the same signature overwrites).
     max_graphs : int or None, optional
-        How many graphs to keep, default :data:`DEFAULT_MAX_GRAPHS` (8);
+        How many graphs to keep, default 8 (``DEFAULT_MAX_GRAPHS``);
         None keeps every one.
     """
 
@@ -258,7 +259,7 @@ def cudagraphify(fn: Callable[P, R] | None = None, *, warmup: int = 2, pool: Poo
         Return copies of the static outputs.
     max_graphs : int or None, optional
         Graphs kept per wrapper, least recently used evicted; default
-        :data:`DEFAULT_MAX_GRAPHS` (8), None for no bound. A failing capture
+        ``DEFAULT_MAX_GRAPHS`` (8), None for no bound. A failing capture
         makes its signature run eagerly, with one warning (see
         :class:`CUDAGraphified`).
 
