@@ -132,7 +132,7 @@ def graphed_callables(x: tp.Tensor, s: StreamLike) -> None:
     assert_type(pooled(x), tp.Tensor)
     bounded = cudagraphs.cudagraphify(step, max_graphs=4)
     assert_type(bounded.stats(), dict[str, int])
-    cudagraphs.cudagraphify(step, max_graphs="4")  # type: ignore[arg-type]
+    cudagraphs.cudagraphify(step, max_graphs="4")  # type: ignore[call-overload]
     assert_type(tp.cuda.CUDAGraph().update_result, str | None)
     first(x)
     with tp.cuda.stream(s):
