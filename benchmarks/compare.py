@@ -21,7 +21,10 @@ pool, largest first, as LLM servers do: capture time, reserved memory
 (second, after memory, so that no other section's cached blocks are in its
 baselines) and replay GPU time at batch 1 and 512. The random section times
 rand and randn of 64 Mi float32 on the GPU against PyTorch's, and the host
-time per replay of a graph with a random op in it.
+time per replay of a graph with a random op in it. The recapture section
+times a re-capture of 100 and 1000 small nodes into a graph that has an
+executable (capture_end updates it, cuGraphExecUpdate) against reset() then
+capture + instantiate: host time per re-capture, median.
 """
 
 from __future__ import annotations
@@ -525,6 +528,39 @@ def capture_rows(sizes, repeats, torch):
                 per.append((time.perf_counter() - t0) * 1e6)
                 del tg
             record("capture", case, "PyTorch capture+instantiate", statistics.median(per))
+
+
+def recapture_rows(sizes, repeats):
+    """Re-capture of a graph that has an executable: capture_end updates it
+    in place (cuGraphExecUpdate), against reset() then capture + instantiate.
+    Host time per re-capture (capture_begin to capture_end), median."""
+    for n in sizes:
+        case = f"{n} nodes"
+        x = tp.zeros(1, device="cuda")
+        x.add_(1)
+
+        def capture_into(g):
+            with tp.cuda.graph(g):
+                for _ in range(n):
+                    x.add_(1)
+        for label, fresh in (("tensorplay re-capture (update)", False),
+                             ("tensorplay reset + capture + instantiate", True)):
+            g = tp.cuda.CUDAGraph()
+            capture_into(g)
+            per, results = [], set()
+            for _ in range(repeats):
+                tp.cuda.synchronize()
+                t0 = time.perf_counter()
+                if fresh:
+                    g.reset()
+                capture_into(g)
+                per.append((time.perf_counter() - t0) * 1e6)
+                results.add(g.update_result)
+            g.replay()
+            tp.cuda.synchronize()
+            g.reset()
+            record("recapture", case, label, statistics.median(per),
+                   note=f"update_result: {', '.join(sorted(map(str, results)))}")
 
 
 # ---------------------------------------------------------------- 6. eager ops
@@ -1507,7 +1543,7 @@ def write_chart(path):
 
 # memory first, then serving (it measures reserved memory too), before the others allocate
 SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "while", "branch", "threads", "capture",
-            "eager")
+            "recapture", "eager")
 
 
 def parse_sections(only, ap):
@@ -1574,6 +1610,8 @@ def main():
         thread_rows([1, 2, 4, 8], 2000 if quick else 20000)
     if "capture" in sections:
         capture_rows([10, 100] if quick else [10, 100, 1000], 3 if quick else 7, torch)
+    if "recapture" in sections:
+        recapture_rows([100, 1000], 7 if quick else 21)
     if "eager" in sections:
         eager_rows(calls, repeats, torch, cp)
     elapsed = time.perf_counter() - t0

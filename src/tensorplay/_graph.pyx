@@ -43,6 +43,17 @@ MAX_SWITCH_CASES = 1024
 CONDITIONAL_KINDS = {"if": IF_NODE, "while": WHILE_NODE, "switch": SWITCH_NODE}
 cdef tuple _KIND_NAMES = ("IF", "WHILE", "SWITCH")
 
+cdef dict _UPDATE_FAILURES = {
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR: "error",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: "topology_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: "node_type_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED: "function_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: "parameters_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: "not_supported",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: "unsupported_function_change",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED: "attributes_changed",
+}
+
 # Checking that no capture forbids this one and beginning it are one step, so
 # two threads beginning captures get a clear error, not the driver's.
 _begin_lock = threading.Lock()
@@ -169,11 +180,23 @@ cdef class CUDAGraphBase:
     cdef set _replay_streams        # streams replayed on: kept memory is reused only after them
     cdef int _mode
     cdef Stager _stager             # stage_and_launch's, for the last static inputs
+    # A re-capture's predecessor, held until capture_end has a new executable:
+    # its CUgraph, executable (the one cuGraphExecUpdate updates), kept
+    # storages and pool hold.
+    cdef cydriver.CUgraph _old_graph
+    cdef cydriver.CUgraphExec _old_exec
+    cdef dict _old_keepalive
+    cdef long long _old_pool_id
+    cdef bint _old_has_pool
+    cdef object _update_result      # None, "success" or why cuGraphExecUpdate failed
     cdef object __weakref__
 
     def __cinit__(self, *args, **kwargs):
         self._graph = NULL
         self._exec = NULL
+        self._old_graph = NULL
+        self._old_exec = NULL
+        self._old_has_pool = False
         self._capture_stream = NULL
         self._device = -1
         self._has_pool = False
@@ -195,8 +218,6 @@ cdef class CUDAGraphBase:
         cdef OpenCapture other
         if self._capturing:
             raise RuntimeError("capture_begin: this graph is already capturing")
-        if self._exec != NULL or self._graph != NULL:
-            raise RuntimeError("capture_begin: this graph holds a captured graph; call reset() first")
         if self._kernels is None:
             raise RuntimeError("capture_begin: the graph was not initialised (a subclass of CUDAGraph "
                                "must call super().__init__())")
@@ -254,6 +275,9 @@ cdef class CUDAGraphBase:
             check(cydriver.cuStreamIsCapturing(s._handle, &status))
         if status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
             raise RuntimeError("capture_begin: the stream is already capturing")
+        if (self._exec != NULL or self._graph != NULL) and dev != self._device:
+            raise ValueError(f"capture_begin: this graph holds a graph of cuda:{self._device}; a re-capture "
+                             f"must be on the same device (or call reset() first), not cuda:{dev}")
         prev_obj = current_stream(dev)
         prev = current_stream_handle(dev)
         if prev != s._handle:
@@ -273,6 +297,8 @@ cdef class CUDAGraphBase:
         except BaseException:
             _discard_capture(s._handle)
             raise
+        if self._exec != NULL or self._graph != NULL:
+            self._hold_previous()
         self._device = dev
         self._pool_id = pool_id
         self._has_pool = True
@@ -306,8 +332,10 @@ cdef class CUDAGraphBase:
         return 0
 
     def _capture_end(self):
-        """End the capture (cuStreamEndCapture), then instantiate and upload the
-        executable (cuGraphInstantiate, cuGraphUpload)."""
+        """End the capture (cuStreamEndCapture), then update the previous
+        executable with the new graph (cuGraphExecUpdate) or, with none or when
+        the update fails, instantiate one (cuGraphInstantiate); upload it
+        (cuGraphUpload)."""
         cdef cydriver.CUgraph g = NULL
         cdef cydriver.CUresult r
         cdef size_t n = 0
@@ -338,10 +366,20 @@ cdef class CUDAGraphBase:
             try:
                 with nogil:
                     check(cydriver.cuGraphGetNodes(g, NULL, &n))
-                    check(cydriver.cuGraphInstantiate(&self._exec, g, 0))
-                count_live(LIVE_EXECS, 1)
+                if self._old_exec != NULL and self._update_previous(g):
+                    self._exec = self._old_exec          # updated in place: the same handle
+                    self._old_exec = NULL
+                else:
+                    if self._old_exec == NULL:
+                        self._update_result = None
+                    # instantiated before the old one is destroyed, so a fallback
+                    # never hands out the old handle again
+                    with nogil:
+                        check(cydriver.cuGraphInstantiate(&self._exec, g, 0))
+                    count_live(LIVE_EXECS, 1)
                 with nogil:
                     check(cydriver.cuGraphUpload(self._exec, self._capture_stream))
+                self._retire_previous()
             except BaseException:
                 self._release()
                 raise
@@ -349,6 +387,77 @@ cdef class CUDAGraphBase:
             # only now may another capture take the stream: the upload was queued on it
             release_capture_side_stream(self._capture_stream_obj)
         self.num_nodes = n
+
+    cdef int _hold_previous(self) except -1:
+        """Set the captured graph aside while a re-capture is open: its
+        executable may still be updated; its stager (built on a clone of the
+        old graph) and node records are dropped."""
+        self._drop_stager()
+        self._old_graph = self._graph
+        self._old_exec = self._exec
+        self._old_keepalive = self._keepalive_storages
+        self._old_pool_id = self._pool_id
+        self._old_has_pool = self._has_pool
+        self._graph = NULL
+        self._exec = NULL
+        self._keepalive_storages = {}
+        self._has_pool = False
+        self._cond_nodes = {}
+        self.num_nodes = 0
+        return 0
+
+    cdef int _update_previous(self, cydriver.CUgraph g) except -1:
+        """cuGraphExecUpdate the previous executable to ``g``; False (with the
+        reason in update_result) when the driver refuses, and the caller
+        instantiates instead."""
+        cdef cydriver.CUgraphExecUpdateResultInfo info
+        cdef cydriver.CUresult r
+        memset(&info, 0, sizeof(info))
+        with nogil:
+            r = cydriver.cuGraphExecUpdate(self._old_exec, g, &info)
+        if r == cydriver.CUDA_SUCCESS and info.result == cydriver.CU_GRAPH_EXEC_UPDATE_SUCCESS:
+            self._update_result = "success"
+            return 1
+        # any refusal (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, or an older driver's
+        # NOT_SUPPORTED for a node kind) means: instantiate; a broken context
+        # fails there, checked
+        self._update_result = _UPDATE_FAILURES.get(<int>info.result, "error")
+        return 0
+
+    cdef void _retire_previous(self) noexcept:
+        """Destroy what a re-capture set aside (its executable too unless it
+        was updated in place); its kept storages and pool memory are reused
+        only after the replays already queued."""
+        if self._old_exec != NULL:
+            try:
+                ensure_context(self._device)
+                if cydriver.cuGraphExecDestroy(self._old_exec) == cydriver.CUDA_SUCCESS:
+                    count_live(LIVE_EXECS, -1)
+            except BaseException:
+                pass
+            self._old_exec = NULL
+        if self._old_graph != NULL:
+            try:
+                if cydriver.cuGraphDestroy(self._old_graph) == cydriver.CUDA_SUCCESS:
+                    count_live(LIVE_GRAPHS, -1)
+            except BaseException:
+                pass
+            self._old_graph = NULL
+        streams = tuple(self._replay_streams) if self._replay_streams else ()
+        if self._old_keepalive and streams:
+            for storage in self._old_keepalive.values():
+                for h in streams:
+                    try:
+                        storage.record_stream(h)
+                    except BaseException:
+                        pass
+        self._old_keepalive = None
+        if self._old_has_pool:
+            try:
+                _allocator(self._device).release_pool(self._old_pool_id, streams)
+            except BaseException:
+                pass
+            self._old_has_pool = False
 
     def _abort_capture(self):
         """End an open capture whatever state the driver left it in, and reset."""
@@ -797,6 +906,7 @@ cdef class CUDAGraphBase:
 
     cdef void _release(self) noexcept:
         self._drop_stager()
+        self._retire_previous()          # a failed re-capture discards its predecessor too
         if self._exec != NULL:
             try:
                 ensure_context(self._device)
@@ -834,6 +944,7 @@ cdef class CUDAGraphBase:
         self._set_switch_fns = {}
         self._set_cond_fn = None          # a later capture may be on another device
         self.num_nodes = 0
+        self._update_result = None
 
     def _reset(self):
         self._abort_capture()
@@ -866,6 +977,18 @@ cdef class CUDAGraphBase:
     def exec_handle(self):
         """The CUgraphExec as an int (0 before capture_end); for interop and benchmarks."""
         return <uintptr_t>self._exec
+
+    @property
+    def update_result(self):
+        """How the last ``capture_end`` of a re-capture got its executable:
+        ``"success"`` (the previous executable was updated in place,
+        cuGraphExecUpdate, and keeps its handle), or why the update was
+        refused and a new one was instantiated (``"topology_changed"``,
+        ``"node_type_changed"``, ``"function_changed"``,
+        ``"parameters_changed"``, ``"not_supported"``,
+        ``"unsupported_function_change"``, ``"attributes_changed"``,
+        ``"error"``). None after a first capture, and after ``reset``."""
+        return self._update_result
 
     @property
     def is_instantiated(self):

@@ -12,11 +12,17 @@ is one ``stage_and_launch``.
 
 The returned tensors are the graph's static outputs: the next call with the
 same signature overwrites them. Pass ``clone_outputs=True`` to get copies.
+
+A wrapper keeps at most ``max_graphs`` graphs (least recently used evicted
+and reset), runs a signature whose capture failed eagerly from then on
+(one warning), and counts what it did in ``stats()``.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -29,6 +35,10 @@ else:
     from .._tensor import Tensor
 
 __all__ = ["cudagraphify", "CUDAGraphified"]
+
+# How many graphs a wrapper keeps by default (one per input signature): a
+# handful of batch sizes or shapes, without unbounded pool growth.
+DEFAULT_MAX_GRAPHS = 8
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,6 +55,18 @@ class CUDAGraphified(Generic[P, R]):
     Graphs of one wrapper share a memory pool. Make one with
     :func:`cudagraphify`.
 
+    At most ``max_graphs`` graphs are kept: capturing one more evicts the
+    least recently used, which is reset (its static outputs stay valid
+    while referenced; its pool memory is reused by later captures). When
+    a capture fails (``fn`` reads a tensor on the host, ``item()``, or
+    makes a call a capture forbids: a ``RuntimeError`` raised by the
+    capture), the wrapper warns once (``RuntimeWarning``), remembers the
+    signature and runs ``fn`` eagerly for it, on this call and every later
+    one, without trying again. An exception in a warm-up run (before the
+    capture) is ``fn``'s own and propagates, as do errors other than
+    ``RuntimeError``. :meth:`stats` counts captures, replays, evictions and
+    eager fallbacks.
+
     Parameters
     ----------
     fn : callable
@@ -60,24 +82,38 @@ class CUDAGraphified(Generic[P, R]):
     clone_outputs : bool, optional
         Return copies of the static outputs instead of the outputs themselves
         (which the next call with the same signature overwrites).
+    max_graphs : int or None, optional
+        How many graphs to keep, default 8 (``DEFAULT_MAX_GRAPHS``);
+        None keeps every one.
     """
 
     #: How many graphs have been captured (one per input signature seen).
     num_captures: int
 
     def __init__(self, fn: Callable[P, R], *, warmup: int = 2, pool: PoolLike = None,
-                 capture_error_mode: CaptureErrorMode = "thread_local", clone_outputs: bool = False) -> None:
+                 capture_error_mode: CaptureErrorMode = "thread_local", clone_outputs: bool = False,
+                 max_graphs: int | None = DEFAULT_MAX_GRAPHS) -> None:
         if not callable(fn):
             raise TypeError(f"cudagraphify expects a callable, got {type(fn).__name__}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+        if max_graphs is not None and (isinstance(max_graphs, bool) or not isinstance(max_graphs, int)):
+            raise TypeError(f"max_graphs must be a positive int or None, got {type(max_graphs).__name__}")
+        if max_graphs is not None and max_graphs < 1:
+            raise ValueError(f"max_graphs must be a positive int or None, got {max_graphs}")
         self.fn = fn
         self.warmup = warmup
         self.capture_error_mode: CaptureErrorMode = capture_error_mode
         self.clone_outputs = clone_outputs
+        self.max_graphs = max_graphs
         self._pool = pool
-        self._entries: dict[tuple[Any, ...], tuple[CUDAGraph, list[Tensor], Outputs]] = {}
+        # least recently used first
+        self._entries: OrderedDict[tuple[Any, ...], tuple[CUDAGraph, list[Tensor], Outputs]] = OrderedDict()
+        self._eager: set[tuple[Any, ...]] = set()      # signatures whose capture failed
         self.num_captures = 0
+        self._replays = 0
+        self._evictions = 0
+        self._fallbacks = 0
         functools.update_wrapper(self, fn)
 
     def _signature(self, flat: list[Any], names: list[str]) -> tuple[Any, ...]:
@@ -101,13 +137,28 @@ class CUDAGraphified(Generic[P, R]):
         names = sorted(kwargs)
         flat = list(args) + [kwargs[k] for k in names]      # positional, then keywords by name
         key = self._signature(flat, names)
+        if key in self._eager:
+            self._fallbacks += 1
+            return self.fn(*args, **kwargs)
         entry = self._entries.get(key)
         tensors = [a for a in flat if isinstance(a, Tensor)]
         if entry is None:
-            entry = self._capture(flat, len(args), names)
+            self._make_room()          # first, so that the capture can reuse the evicted graph's memory
+            try:
+                entry = self._capture(flat, len(args), names)
+            except _CaptureFailed as failed:
+                self._eager.add(key)
+                warnings.warn(f"cudagraphify: {getattr(self.fn, '__name__', 'the function')} could not be "
+                              f"captured for this signature ({failed.__cause__}); calls with it run eagerly "
+                              f"from now on", RuntimeWarning, stacklevel=2)
+                self._fallbacks += 1
+                return self.fn(*args, **kwargs)
             self._entries[key] = entry
+        else:
+            self._entries.move_to_end(key)
         g, static, outputs = entry
         g.stage_and_launch(static, tensors)
+        self._replays += 1
         if self.clone_outputs:
             if isinstance(outputs, Tensor):
                 return outputs.clone()               # type: ignore[return-value]  # what fn returned
@@ -123,36 +174,70 @@ class CUDAGraphified(Generic[P, R]):
         static_kwargs = dict(zip(names, static_flat[n_positional:]))
 
         fn: Callable[..., Any] = self.fn          # called with the static copies of the arguments
+        runs = [0]
 
         def run(*_: Any) -> Any:
+            runs[0] += 1
             return fn(*static_args, **static_kwargs)
-        g, outputs = capture_callable(run, (), warmup=self.warmup, pool=self._pool,
-                                      capture_error_mode=self.capture_error_mode,
-                                      where=getattr(self.fn, "__name__", "the function"))
+        try:
+            g, outputs = capture_callable(run, (), warmup=self.warmup, pool=self._pool,
+                                          capture_error_mode=self.capture_error_mode,
+                                          where=getattr(self.fn, "__name__", "the function"))
+        except RuntimeError as exc:
+            # a failure in a warm-up run (eager) is fn's own error; other types
+            # (a TypeError for what fn returns) are not the capture's either
+            if runs[0] <= self.warmup:
+                raise
+            raise _CaptureFailed() from exc
         self.num_captures += 1
         return g, [a for a in static_flat if isinstance(a, Tensor)], outputs
 
+    def _make_room(self) -> None:
+        """Evict (reset) least recently used graphs until one more fits."""
+        while self.max_graphs is not None and len(self._entries) >= self.max_graphs:
+            _, (g, _, _) = self._entries.popitem(last=False)
+            g.reset()
+            self._evictions += 1
+
+    def stats(self) -> dict[str, int]:
+        """What the wrapper did: ``captures`` (graphs captured), ``replays``
+        (calls served by a graph), ``evictions`` (graphs reset to make room),
+        ``fallbacks`` (calls run eagerly because their signature's capture
+        failed), ``graphs`` (graphs kept now) and ``eager_signatures``
+        (signatures that run eagerly)."""
+        return {"captures": self.num_captures, "replays": self._replays, "evictions": self._evictions,
+                "fallbacks": self._fallbacks, "graphs": len(self._entries),
+                "eager_signatures": len(self._eager)}
+
     def reset(self) -> None:
-        """Free every captured graph (their pool memory returns once outputs die)."""
+        """Free every captured graph (their pool memory returns once outputs
+        die) and forget the signatures that ran eagerly; counts are kept."""
         for g, _, _ in self._entries.values():
             g.reset()
         self._entries.clear()
+        self._eager.clear()
+
+
+class _CaptureFailed(Exception):
+    """The capture (not a warm-up run) failed; the cause is chained."""
 
 
 @overload
 def cudagraphify(fn: Callable[P, R], *, warmup: int = 2, pool: PoolLike = None,
                  capture_error_mode: CaptureErrorMode = "thread_local",
-                 clone_outputs: bool = False) -> CUDAGraphified[P, R]: ...
+                 clone_outputs: bool = False,
+                 max_graphs: int | None = DEFAULT_MAX_GRAPHS) -> CUDAGraphified[P, R]: ...
 @overload
 def cudagraphify(fn: None = None, *, warmup: int = 2, pool: PoolLike = None,
                  capture_error_mode: CaptureErrorMode = "thread_local",
-                 clone_outputs: bool = False) -> Callable[[Callable[P, R]], CUDAGraphified[P, R]]: ...
+                 clone_outputs: bool = False,
+                 max_graphs: int | None = DEFAULT_MAX_GRAPHS) -> Callable[[Callable[P, R]], CUDAGraphified[P, R]]: ...
 
 
 def cudagraphify(fn: Callable[P, R] | None = None, *, warmup: int = 2, pool: PoolLike = None,
                  capture_error_mode: CaptureErrorMode = "thread_local",
-                 clone_outputs: bool = False) -> CUDAGraphified[P, R] | Callable[[Callable[P, R]],
-                                                                                 CUDAGraphified[P, R]]:
+                 clone_outputs: bool = False, max_graphs: int | None = DEFAULT_MAX_GRAPHS,
+                 ) -> CUDAGraphified[P, R] | Callable[[Callable[P, R]], CUDAGraphified[P, R]]:
     """Make ``fn`` graph-backed: one CUDA graph per input signature, replayed on every call.
 
     Usable as ``cudagraphify(fn)`` or as a decorator, ``@cudagraphify`` or
@@ -172,6 +257,11 @@ def cudagraphify(fn: Callable[P, R] | None = None, *, warmup: int = 2, pool: Poo
         Default ``'thread_local'``.
     clone_outputs : bool, optional
         Return copies of the static outputs.
+    max_graphs : int or None, optional
+        Graphs kept per wrapper, least recently used evicted; default
+        ``DEFAULT_MAX_GRAPHS`` (8), None for no bound. A failing capture
+        makes its signature run eagerly, with one warning (see
+        :class:`CUDAGraphified`).
 
     Returns
     -------
@@ -180,5 +270,5 @@ def cudagraphify(fn: Callable[P, R] | None = None, *, warmup: int = 2, pool: Poo
     """
     def wrap(f: Callable[P, R]) -> CUDAGraphified[P, R]:
         return CUDAGraphified(f, warmup=warmup, pool=pool, capture_error_mode=capture_error_mode,
-                              clone_outputs=clone_outputs)
+                              clone_outputs=clone_outputs, max_graphs=max_graphs)
     return wrap if fn is None else wrap(fn)

@@ -115,7 +115,8 @@ class CUDAGraph(CUDAGraphBase):
         Parameters
         ----------
         pool : None, int or CUDAGraph
-            None: a fresh private memory pool. An id from
+            None: a fresh private memory pool, or for a re-capture the pool
+            of this graph's previous capture. An id from
             :func:`graph_pool_handle`, another graph's ``pool_id`` or another
             ``CUDAGraph``: share that pool (graphs sharing a pool must replay
             in the order they were captured).
@@ -135,21 +136,35 @@ class CUDAGraph(CUDAGraphBase):
             For an unknown ``capture_error_mode`` or pool, or the legacy
             default stream as ``stream``.
         RuntimeError
-            If this graph is capturing or holds a captured graph (call
-            :meth:`reset` first).
+            If this graph is already capturing.
 
         Notes
         -----
         Wraps cuStreamBeginCapture; from here the caching allocator serves
         allocations on the capture stream from the graph's pool.
+
+        A graph that holds an executable can capture again (a re-capture,
+        on the same device): the previous executable keeps its place until
+        :meth:`capture_end`, which updates it in place with the new graph
+        (cuGraphExecUpdate; :attr:`exec_handle` stays the same) when the
+        driver accepts the new graph as the same topology, and otherwise
+        instantiates a new executable and destroys the old one
+        (:attr:`update_result` says which). The previous capture's stager,
+        node records and kept storages are dropped once the new executable
+        is in place. A re-capture that fails resets the graph (its previous
+        executable too); :meth:`reset` starts afresh.
         """
-        pool_id = _pool_id_of(pool)
+        # a re-capture stays in its pool unless told otherwise
+        previous = self.pool_id if pool is None and self.is_instantiated and not self.is_capturing else None
+        pool_id = previous if previous is not None else _pool_id_of(pool)
         mode = _mode_of(capture_error_mode)
         self._capture_begin(pool_id, mode, stream)
 
     def capture_end(self) -> None:
         """End the capture and build the executable now (cuGraphInstantiate
-        and cuGraphUpload), so the first replay costs nothing extra.
+        and cuGraphUpload), so the first replay costs nothing extra; for a
+        re-capture, first try updating the previous executable
+        (cuGraphExecUpdate, see :meth:`capture_begin`).
 
         Raises if no capture is open, on another thread than the one that
         began it, or when the driver rejects the capture (for example work
@@ -541,30 +556,31 @@ def capture_callable(fn: Callable[..., Any], static_args: Sequence[Any], *, warm
 
 @overload
 def make_graphed_callables(callables: Callable[P, R], sample_args: Sequence[Tensor],
-                           num_warmup_iters: int = 3) -> Callable[P, R]: ...
+                           num_warmup_iters: int = 3, pool: PoolLike = None) -> Callable[P, R]: ...
 @overload
 def make_graphed_callables(callables: tuple[Callable[P1, R1]], sample_args: Sequence[Sequence[Tensor]],
-                           num_warmup_iters: int = 3) -> tuple[Callable[P1, R1]]: ...
+                           num_warmup_iters: int = 3, pool: PoolLike = None) -> tuple[Callable[P1, R1]]: ...
 @overload
 def make_graphed_callables(callables: tuple[Callable[P1, R1], Callable[P2, R2]],
                            sample_args: Sequence[Sequence[Tensor]],
-                           num_warmup_iters: int = 3) -> tuple[Callable[P1, R1], Callable[P2, R2]]: ...
+                           num_warmup_iters: int = 3, pool: PoolLike = None) -> tuple[Callable[P1, R1], Callable[P2, R2]]: ...
 @overload
 def make_graphed_callables(callables: tuple[Callable[P1, R1], Callable[P2, R2], Callable[P3, R3]],
                            sample_args: Sequence[Sequence[Tensor]], num_warmup_iters: int = 3,
+                           pool: PoolLike = None,
                            ) -> tuple[Callable[P1, R1], Callable[P2, R2], Callable[P3, R3]]: ...
 @overload
 def make_graphed_callables(callables: Sequence[Callable[..., Any]], sample_args: Sequence[Sequence[Tensor]],
-                           num_warmup_iters: int = 3) -> tuple[Callable[..., Any], ...]: ...
+                           num_warmup_iters: int = 3, pool: PoolLike = None) -> tuple[Callable[..., Any], ...]: ...
 
 
 def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[..., Any]],
-                           sample_args: Sequence[Any], num_warmup_iters: int = 3) -> Any:
+                           sample_args: Sequence[Any], num_warmup_iters: int = 3, pool: PoolLike = None) -> Any:
     """Graph callables for inference: each call then stages its arguments and replays.
 
     Each callable is warmed up and captured with its sample arguments, in
     order, into one shared memory pool (so the graphs must run in that
-    order when their outputs feed one another). Calling a returned callable
+    order when their outputs feed one another): ``pool``, or a new one. Calling a returned callable
     copies its tensor arguments into the captured inputs and replays the
     graph (:meth:`CUDAGraph.stage_and_launch`). tensorplay has no autograd:
     this is ``torch.cuda.make_graphed_callables`` for inference.
@@ -579,6 +595,10 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
         one tuple per callable otherwise.
     num_warmup_iters : int, optional
         Runs before each capture (default 3), so that kernels compile and load.
+    pool : None, int or CUDAGraph, optional
+        The memory pool to capture into, as in ``torch.cuda.make_graphed_callables``:
+        an id from :func:`graph_pool_handle`, a graph's ``pool_id`` or a
+        ``CUDAGraph`` to share its pool; default a new pool.
 
     Returns
     -------
@@ -590,7 +610,10 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
     Raises
     ------
     TypeError
-        If a sample argument is not a CUDA tensor or a callable is not callable.
+        If a sample argument is not a CUDA tensor, a callable is not
+        callable, or ``pool`` is not a pool.
+    ValueError
+        For a pool id that is not positive, or a ``CUDAGraph`` with no pool.
     RuntimeError
         If a callable cannot be captured (a host read such as ``item()``).
     """
@@ -602,7 +625,7 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
         fns, arg_tuples, single = callables, sample_args, False
     if len(fns) != len(arg_tuples):
         raise ValueError("make_graphed_callables: one tuple of sample args per callable")
-    pool = graph_pool_handle()
+    pool_id = _pool_id_of(pool)
     graphed = []
     for fn, args in zip(fns, arg_tuples):
         if not callable(fn):
@@ -611,7 +634,7 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
         if not all(isinstance(a, _Tensor) and a.is_cuda for a in args):
             raise TypeError("make_graphed_callables: sample args must be CUDA tensors")
         static = [a.clone() for a in args]
-        g, out = capture_callable(fn, static, warmup=num_warmup_iters, pool=pool,
+        g, out = capture_callable(fn, static, warmup=num_warmup_iters, pool=pool_id,
                                   where=getattr(fn, "__name__", "callable"))
         graphed.append(_Graphed(g, static, out))
     return graphed[0] if single else tuple(graphed)

@@ -128,6 +128,12 @@ def graphed_callables(x: tp.Tensor, s: StreamLike) -> None:
     assert_type(both[1](x, x), tuple[tp.Tensor, tp.Tensor])
     many = tp.cuda.make_graphed_callables([step, step, step, step], [(x,)] * 4)
     assert_type(many, tuple[Callable[..., Any], ...])
+    pooled = tp.cuda.make_graphed_callables(step, (x,), pool=tp.cuda.graph_pool_handle())
+    assert_type(pooled(x), tp.Tensor)
+    bounded = cudagraphs.cudagraphify(step, max_graphs=4)
+    assert_type(bounded.stats(), dict[str, int])
+    cudagraphs.cudagraphify(step, max_graphs="4")  # type: ignore[call-overload]
+    assert_type(tp.cuda.CUDAGraph().update_result, str | None)
     first(x)
     with tp.cuda.stream(s):
         one(x)
