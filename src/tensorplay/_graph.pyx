@@ -255,7 +255,7 @@ cdef class CUDAGraphBase:
     cdef int _begin_on(self, long long pool_id, int mode, stream) except -1:
         cdef Stream s
         cdef int dev
-        cdef cydriver.CUstream prev
+        cdef cydriver.CUstream prev, replayed
         cdef cydriver.CUstreamCaptureStatus status
         cdef cydriver.cuuint64_t cid = 0
         if stream is None:
@@ -278,6 +278,13 @@ cdef class CUDAGraphBase:
         if (self._exec != NULL or self._graph != NULL) and dev != self._device:
             raise ValueError(f"capture_begin: this graph holds a graph of cuda:{self._device}; a re-capture "
                              f"must be on the same device (or call reset() first), not cuda:{dev}")
+        if self._replay_streams and (self._exec != NULL or self._graph != NULL):
+            # a re-capture reuses the previous capture's pool: its replays queued
+            # on other streams must be done before the new work may take that memory
+            for h in self._replay_streams:
+                replayed = <cydriver.CUstream><uintptr_t>h
+                with nogil:
+                    check(cydriver.cuStreamSynchronize(replayed))
         prev_obj = current_stream(dev)
         prev = current_stream_handle(dev)
         if prev != s._handle:

@@ -21,11 +21,13 @@ and reset), runs a signature whose capture failed eagerly from then on
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
+from .._cuda import CudaError
 from ..cuda.graphs import CUDAGraph, Outputs, capture_callable, graph_pool_handle
 from ..types import CaptureErrorMode, PoolLike
 
@@ -110,6 +112,8 @@ class CUDAGraphified(Generic[P, R]):
         # least recently used first
         self._entries: OrderedDict[tuple[Any, ...], tuple[CUDAGraph, list[Tensor], Outputs]] = OrderedDict()
         self._eager: set[tuple[Any, ...]] = set()      # signatures whose capture failed
+        # one caller at a time: eviction resets a graph another thread may be launching
+        self._lock = threading.RLock()
         self.num_captures = 0
         self._replays = 0
         self._evictions = 0
@@ -140,6 +144,11 @@ class CUDAGraphified(Generic[P, R]):
         if key in self._eager:
             self._fallbacks += 1
             return self.fn(*args, **kwargs)
+        with self._lock:
+            return self._through_graph(key, flat, names, args, kwargs)
+
+    def _through_graph(self, key: tuple[Any, ...], flat: list[Any], names: list[str],
+                       args: Any, kwargs: Any) -> Any:
         entry = self._entries.get(key)
         tensors = [a for a in flat if isinstance(a, Tensor)]
         if entry is None:
@@ -150,7 +159,7 @@ class CUDAGraphified(Generic[P, R]):
                 self._eager.add(key)
                 warnings.warn(f"cudagraphify: {getattr(self.fn, '__name__', 'the function')} could not be "
                               f"captured for this signature ({failed.__cause__}); calls with it run eagerly "
-                              f"from now on", RuntimeWarning, stacklevel=2)
+                              f"from now on", RuntimeWarning, stacklevel=3)
                 self._fallbacks += 1
                 return self.fn(*args, **kwargs)
             self._entries[key] = entry
@@ -185,9 +194,10 @@ class CUDAGraphified(Generic[P, R]):
                                           where=getattr(self.fn, "__name__", "the function"))
         except RuntimeError as exc:
             # a failure in a warm-up run (eager) is fn's own error; other types
-            # (a TypeError for what fn returns) are not the capture's either
-            if runs[0] <= self.warmup:
-                raise
+            # (a TypeError for what fn returns) are not the capture's either;
+            # capture_callable turns a capture's own failure into a plain RuntimeError
+            if runs[0] <= self.warmup or isinstance(exc, CudaError):
+                raise           # a driver error (out of memory, say) is not this signature's for good
             raise _CaptureFailed() from exc
         self.num_captures += 1
         return g, [a for a in static_flat if isinstance(a, Tensor)], outputs
