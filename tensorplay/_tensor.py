@@ -464,9 +464,11 @@ def arange_kernel_args(start, step, d):
     return "i", expr, (first, delta)
 
 
-def _like(t, dtype, device):
+def _like(t, dtype, device, what=None):
+    """The dtype and device of a ``*_like`` result: ``t``'s unless given."""
     if not isinstance(t, Tensor):
-        raise TypeError(f"expected a Tensor, got {type(t).__name__}")
+        prefix = f"{what}: " if what else ""
+        raise TypeError(f"{prefix}expected a Tensor, got {type(t).__name__}")
     return (t.dtype if dtype is None else dtype), (t.device if device is None else device)
 
 

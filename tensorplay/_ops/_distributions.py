@@ -22,7 +22,7 @@ from .. import _dtypes as dt
 from .._kernels import random_kernels as _rk
 from .._random import philox as _philox
 from .._random.generator import generator_for
-from .._tensor import Tensor, _empty_cuda, _overlaps, _parse_size, _resolve_device, _resolve_dtype, copy_into, empty
+from .._tensor import Tensor, _empty_cuda, _like, _overlaps, _parse_size, _resolve_device, _resolve_dtype, copy_into, empty
 
 __all__ = ["rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "dropout",
            "uniform_", "normal_", "bernoulli_", "exponential_", "random_", "tensor_bernoulli", "TENSOR_METHODS"]
@@ -492,12 +492,6 @@ def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=N
     return _integers(t, lo, hi, generator, what)
 
 
-def _like_args(input, dtype, device, what):
-    if not isinstance(input, Tensor):
-        raise TypeError(f"{what}: expected a Tensor, got {type(input).__name__}")
-    return (input.dtype if dtype is None else dtype), (input.device if device is None else device)
-
-
 def rand_like(input, *, generator=None, dtype=None, device=None):
     """Make a tensor of ``input``'s shape filled with uniform values in [0, 1); see :func:`rand`.
 
@@ -517,7 +511,7 @@ def rand_like(input, *, generator=None, dtype=None, device=None):
     Tensor
         The values.
     """
-    d, dev = _like_args(input, dtype, device, "rand_like")
+    d, dev = _like(input, dtype, device, "rand_like")
     return rand(input.shape, generator=generator, dtype=d, device=dev)
 
 
@@ -540,7 +534,7 @@ def randn_like(input, *, generator=None, dtype=None, device=None):
     Tensor
         The values.
     """
-    d, dev = _like_args(input, dtype, device, "randn_like")
+    d, dev = _like(input, dtype, device, "randn_like")
     return randn(input.shape, generator=generator, dtype=d, device=dev)
 
 
@@ -570,7 +564,7 @@ def randint_like(input, low=0, high=None, *, generator=None, dtype=None, device=
         The values.
     """
     what = "randint_like"
-    d, dev = _like_args(input, dtype, device, what)
+    d, dev = _like(input, dtype, device, what)
     if high is None:
         low, high = 0, low
     low, high = _int(low, "low", what), _int(high, "high", what)
