@@ -56,9 +56,10 @@ class GraphMachine(RuleBasedStateMachine):
 
     @rule(mode=st.sampled_from(["global", "thread_local", "relaxed"]), share=st.booleans())
     def capture_begin(self, mode, share):
-        if self.state != "empty":
+        if self.state == "capturing":
             self.expect_error(lambda: self.g.capture_begin(capture_error_mode=mode))
             return
+        # from "ready" this is a re-capture: the executable is updated (or rebuilt) at capture_end
         self.g.capture_begin(capture_error_mode=mode, pool=tp.cuda.graph_pool_handle() if share else None)
         self.state = "capturing"
 

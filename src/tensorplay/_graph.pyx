@@ -285,6 +285,10 @@ cdef class CUDAGraphBase:
                 replayed = <cydriver.CUstream><uintptr_t>h
                 with nogil:
                     check(cydriver.cuStreamSynchronize(replayed))
+        if self._exec != NULL or self._graph != NULL:
+            # destroying the stager's executable inside a global capture would
+            # invalidate it (an unsafe call): drop it before the capture opens
+            self._drop_stager()
         prev_obj = current_stream(dev)
         prev = current_stream_handle(dev)
         if prev != s._handle:
@@ -398,8 +402,7 @@ cdef class CUDAGraphBase:
     cdef int _hold_previous(self) except -1:
         """Set the captured graph aside while a re-capture is open: its
         executable may still be updated; its stager (built on a clone of the
-        old graph) and node records are dropped."""
-        self._drop_stager()
+        old graph) was dropped before the capture opened; node records are dropped."""
         self._old_graph = self._graph
         self._old_exec = self._exec
         self._old_keepalive = self._keepalive_storages

@@ -27,8 +27,9 @@ from .._tensor import Tensor, _empty_cuda, _like, _overlaps, _parse_size, _resol
 __all__ = ["rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "dropout",
            "uniform_", "normal_", "bernoulli_", "exponential_", "random_", "tensor_bernoulli", "TENSOR_METHODS"]
 
-# the largest finite value of each floating dtype
-_FLOAT_MAX = {"float16": 65504.0, "bfloat16": float(np.finfo(dt.bfloat16.numpy_dtype).max),
+# the largest finite value of each floating dtype (bfloat16's written out: older ml_dtypes
+# builds make np.finfo refuse it)
+_FLOAT_MAX = {"float16": 65504.0, "bfloat16": float.fromhex("0x1.fep127"),
               "float32": float(np.finfo(np.float32).max), "float64": float(np.finfo(np.float64).max)}
 # integers [-2**digits, 2**digits] are exact in each floating dtype
 _FLOAT_DIGITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
