@@ -24,7 +24,7 @@ import tensorplay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILED = ["_cuda", "_stream", "_alloc", "_tensor_base", "_dlpack", "_memcpy", "_kernel", "_graph_nodes", "_stager",
-            "_graph", "_cublaslt"]
+            "_rebind", "_graph", "_cublaslt"]
 DIST = "tensorplay-cuda13x"            # the distribution; the import name is tensorplay
 DIST_FILE = DIST.replace("-", "_")     # its wheel and sdist file names
 CUDA_CLASSIFIER = "Environment :: GPU :: NVIDIA CUDA :: 13"

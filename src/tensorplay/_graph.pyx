@@ -12,6 +12,7 @@ from tensorplay._cuda cimport (LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensur
                                get_current_device, primary_context, validate_device)
 from tensorplay._graph_nodes cimport describe_graph
 from tensorplay._kernel cimport Function
+from tensorplay._rebind cimport Rebinder, make_rebinder
 from tensorplay._stager cimport Stager, make_stager
 from tensorplay._stream cimport Stream, as_stream, current_stream_handle, stream_wait_stream
 from tensorplay._tensor_base cimport TensorBase
@@ -180,6 +181,7 @@ cdef class CUDAGraphBase:
     cdef set _replay_streams        # streams replayed on: kept memory is reused only after them
     cdef int _mode
     cdef Stager _stager             # stage_and_launch's, for the last static inputs
+    cdef Rebinder _rebinder         # rebind_and_launch's, for the last static tensors
     # A re-capture's predecessor, held until capture_end has a new executable:
     # its CUgraph, executable (the one cuGraphExecUpdate updates), kept
     # storages and pool hold.
@@ -287,8 +289,10 @@ cdef class CUDAGraphBase:
                     check(cydriver.cuStreamSynchronize(replayed))
         if self._exec != NULL or self._graph != NULL:
             # destroying the stager's executable inside a global capture would
-            # invalidate it (an unsafe call): drop it before the capture opens
+            # invalidate it (an unsafe call): drop it before the capture opens;
+            # the rebinder's nodes are the old graph's (the update resets them)
             self._drop_stager()
+            self._drop_rebinder()
         prev_obj = current_stream(dev)
         prev = current_stream_handle(dev)
         if prev != s._handle:
@@ -832,6 +836,8 @@ cdef class CUDAGraphBase:
             s = so._handle
         if <uintptr_t>s != self._last_replay_stream:
             self._note_replay_stream(<uintptr_t>s)
+        if self._rebinder is not None and self._rebinder.rebound:
+            self._rebinder.restore()        # replay() reads the static tensors
         with nogil:
             ensure_context(self._device)
             check(cydriver.cuGraphLaunch(self._exec, s))
@@ -877,7 +883,78 @@ cdef class CUDAGraphBase:
             self._stager = stager
         if <uintptr_t>stream != self._last_replay_stream:
             self._note_replay_stream(<uintptr_t>stream)
+        if self._rebinder is not None and self._rebinder.rebound:
+            self._rebinder.restore()
         stager.launch(inputs, stream)
+
+    def rebind_and_launch(self, static_inputs, inputs, static_outputs=(), outputs=()):
+        """Replay with the captured kernels reading ``inputs`` in place of
+        ``static_inputs`` and writing ``outputs`` in place of ``static_outputs``,
+        without copying them.
+
+        Each kernel argument of ours that points into a static tensor is
+        patched to the same offset in its replacement
+        (cuGraphExecKernelNodeSetParams, only for nodes whose arguments
+        change, in one ``nogil`` block with the launch). A static tensor that
+        something we cannot patch also uses (a foreign kernel such as
+        cuBLAS's, a memcpy or memset node) is copied instead: its input onto
+        it before the launch, its output from it after. :meth:`rebindable`
+        says which are which. The rebound tensors are kept alive until the
+        next rebinding or :meth:`reset`; :meth:`replay` and
+        :meth:`stage_and_launch` point the graph back at the static tensors.
+        The analysis is built at the first call for a list of static tensors
+        and kept while the same tensors are passed.
+
+        Parameters
+        ----------
+        static_inputs, static_outputs : sequence of Tensor
+            Tensors the capture read, and tensors it wrote; distinct memory.
+        inputs, outputs : sequence of Tensor
+            Their replacements: same shape, strides, dtype and device.
+        """
+        cdef cydriver.CUstream stream
+        cdef Rebinder r
+        if self._exec == NULL:
+            self._replay_error()
+        stream = current_stream_handle(self._device)
+        r = self._rebinder_for(static_inputs, static_outputs)
+        if <uintptr_t>stream != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>stream)
+        r.launch(inputs, outputs, stream)
+
+    def rebindable(self, static_inputs, static_outputs=()):
+        """For each of these static tensors (inputs, then outputs): True when
+        :meth:`rebind_and_launch` rebinds it without a copy, False when it
+        copies it (something the graph runs that cannot be patched uses it)."""
+        if self._exec == NULL:
+            self._replay_error()
+        return self._rebinder_for(static_inputs, static_outputs).rebindable()
+
+    cdef Rebinder _rebinder_for(self, object static_inputs, object static_outputs):
+        cdef Rebinder r = self._rebinder
+        if r is not None and r.holds(static_inputs, static_outputs):
+            return r
+        self._drop_rebinder()          # points the executable back at the old statics first
+        r = make_rebinder(self._graph, self._exec, self._device, static_inputs, static_outputs,
+                          self._cond_nodes, self._kernels.multi_copy, self._kernels.copy)
+        self._rebinder = r
+        return r
+
+    cdef void _drop_rebinder(self) noexcept:
+        if self._rebinder is None:
+            return
+        if self._rebinder.rebound and self._exec != NULL:
+            try:
+                self._rebinder.restore()
+            except BaseException:
+                pass
+        self._rebinder.release()
+        self._rebinder = None
+
+    @property
+    def _rebind_patch_calls(self):
+        """cuGraphExecKernelNodeSetParams calls the current rebinder made (tests)."""
+        return 0 if self._rebinder is None else self._rebinder.patch_calls
 
     @property
     def _stages_in_one_launch(self):
@@ -916,6 +993,9 @@ cdef class CUDAGraphBase:
 
     cdef void _release(self) noexcept:
         self._drop_stager()
+        if self._rebinder is not None:      # the executable goes: nothing to point back
+            self._rebinder.release()
+            self._rebinder = None
         self._retire_previous()          # a failed re-capture discards its predecessor too
         if self._exec != NULL:
             try:

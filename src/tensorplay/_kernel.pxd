@@ -19,6 +19,9 @@ cdef class Function:
                       const void* params, size_t params_size) except -1 nogil
 
 
+cdef bint is_own_function(cydriver.CUfunction func) noexcept
+
+
 cdef inline void fill_launch_extra(void** extra, const void* params, size_t* params_size) noexcept nogil:
     """The five-slot ``extra`` array of cuLaunchKernel and kernel nodes that
     passes ``params`` as one packed buffer."""

@@ -9,6 +9,18 @@ from libc.stdint cimport uintptr_t
 from tensorplay._cuda cimport LIVE_MODULES, check, count_live, ensure_context, validate_device
 from tensorplay._stream cimport current_stream_handle
 
+# the CUmodules this process loaded through Module, as ints: a graph's kernel
+# node runs one of our kernels exactly when its function's module is here
+cdef set _own_modules = set()
+
+
+cdef bint is_own_function(cydriver.CUfunction func) noexcept:
+    """True when ``func`` belongs to a module loaded by Module (our generated kernels)."""
+    cdef cydriver.CUmodule mod = NULL
+    if func == NULL or cydriver.cuFuncGetModule(&mod, func) != cydriver.CUDA_SUCCESS:
+        return False
+    return <uintptr_t>mod in _own_modules
+
 cdef class Module:
     """A CUBIN loaded on one device, cuModuleLoadData; unloaded when it dies."""
 
@@ -28,10 +40,13 @@ cdef class Module:
             check(cydriver.cuThreadExchangeStreamCaptureMode(&mode))
             check(r)
         count_live(LIVE_MODULES, 1)
+        _own_modules.add(<uintptr_t>self._handle)
 
     def __dealloc__(self):
         if self._handle != NULL:
             try:
+                if _own_modules is not None:     # None at interpreter shutdown
+                    _own_modules.discard(<uintptr_t>self._handle)
                 ensure_context(self.device)
                 cydriver.cuModuleUnload(self._handle)
                 count_live(LIVE_MODULES, -1)
