@@ -108,6 +108,15 @@ cdef class Function:
         with nogil:
             self.c_launch(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, s, p, n)
 
+    def max_active_blocks(self, int block, size_t shared_mem=0):
+        """How many blocks of ``block`` threads one SM holds at once,
+        cuOccupancyMaxActiveBlocksPerMultiprocessor."""
+        cdef int n = 0
+        with nogil:
+            ensure_context(self.device)
+            check(cydriver.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, self._handle, block, shared_mem))
+        return n
+
     def attribute(self, str which):
         """Read a function attribute: 'num_regs', 'max_threads_per_block',
         'shared_size_bytes', 'local_size_bytes', 'max_dynamic_shared_size_bytes'."""

@@ -436,17 +436,14 @@ def kernel_name(op, out, variant=None):
     return f"tp_rng_{op}_{out.name}{v}"
 
 
-# one wave of resident blocks (2048 threads per SM): every block ends with an
-# atomic on the one done-counter, and 65536 blocks queueing on that address
-# cost more than the numbers (64 Mi floats ran 5x slower than PyTorch's)
-RNG_BLOCKS_PER_SM = 2048 // BLOCK
-
-
-def grid_for(n, per_block, device):
+def grid_for(n, per_block, device, blocks_per_sm):
     """Blocks of BLOCK threads, one Philox block per thread and grid-stride
-    step, capped at one wave (RNG_BLOCKS_PER_SM per SM)."""
+    step, capped at one wave (``blocks_per_sm``, the kernel's occupancy, per
+    SM): every block ends with an atomic on the one done-counter, and 65536
+    blocks queueing on that address cost more than the numbers (64 Mi floats
+    ran 5x slower than PyTorch's); a partial second wave would idle SMs."""
     nblocks = -(-n // per_block)
-    return max(1, min(-(-nblocks // BLOCK), cache.sm_count(device) * RNG_BLOCKS_PER_SM))
+    return max(1, min(-(-nblocks // BLOCK), cache.sm_count(device) * max(1, blocks_per_sm)))
 
 
 def launch(op, out, state_ptr, scalars=(), inp=None, variant=None, stream=None):
@@ -469,7 +466,9 @@ def launch(op, out, state_ptr, scalars=(), inp=None, variant=None, stream=None):
                                   options=OPTIONS)
         nptrs = 2 if inp is None else 3
         plan = cache.plans.put(pkey, cache.LaunchPlan(f, dev, n, nptrs, dist.scalars, (), (),
-                                                      grid=grid_for(n, dist.per_block, dev), block=BLOCK))
+                                                      grid=grid_for(n, dist.per_block, dev,
+                                                                    f.max_active_blocks(BLOCK)),
+                                                      block=BLOCK))
     ptrs = (out.data_ptr(), state_ptr) if inp is None else (out.data_ptr(), inp.data_ptr(), state_ptr)
     plan.launch(ptrs, scalars, stream)
     return plan
