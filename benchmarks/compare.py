@@ -303,6 +303,172 @@ def staging_rows(counts, calls, repeats, torch):
             record("staging", case, name, host[name], latencies.get(name))
 
 
+# ---------------------------------------------------------------- 2b. rebinding
+
+REBIND_LEGEND = """\
+rebind: a graph of y_k = x_k * 2 + 1 over n inputs of one size; host us: median host time per call
+  (back-to-back calls, launch queue short); latency us: median of one call timed with CUDA events on
+  the current stream (recorded before and after the call, after a synchronize: inputs in, graph done).
+  rebind_and_launch rebinds the inputs only (the outputs stay the graph's); 'other tensors' alternates
+  between two input sets. Each row is checked once (the first and last outputs against NumPy) before it
+  is timed; a wrong result is reported as an error instead."""
+
+
+def event_latency(lib, fn, repeats):
+    """Median time of one ``fn()`` between two CUDA events on the current
+    stream, recorded after a synchronize: the GPU waits for the host's
+    launch too, so this is end to end (inputs in, graph done), in µs."""
+    per = []
+    start, end = lib.cuda.Event(enable_timing=True), lib.cuda.Event(enable_timing=True)
+    for _ in range(repeats):
+        lib.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        per.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(per)
+
+
+def _check_rebind(outputs, inputs, to_numpy, what):
+    """The first and last outputs equal NumPy's x * 2 + 1 of their inputs (exact in float32)."""
+    for k in sorted({0, len(outputs) - 1}):
+        want = to_numpy(inputs[k]) * np.float32(2) + np.float32(1)
+        got = to_numpy(outputs[k])
+        if not np.array_equal(got, want):
+            bad = int(np.count_nonzero(got != want))
+            raise AssertionError(f"{what}: output {k} differs from NumPy's in {bad} of {got.size} elements")
+
+
+def _rebind_inputs(lib, n, elems, sign, device="cuda"):
+    """n distinct float32 inputs: sign * arange(elems) + k (values differ per tensor and per set)."""
+    base = lib.arange(elems, dtype=lib.float32, device=device)
+    return [base * float(sign) + float(k + 1) for k in range(n)]
+
+
+def rebind_rows(counts, sizes, calls, repeats, torch):
+    """Host time and latency of feeding n inputs to a graph: bare replay, rebind_and_launch (same
+    tensors, other tensors each call), stage_and_launch, PyTorch _foreach_copy_ + replay. Each case
+    frees its tensors and graphs (and both libraries' caches) before the next: 32 x 64 MiB is 2 GiB a set."""
+    sync = tp.cuda.synchronize
+    has_rebind = hasattr(tp.cuda.CUDAGraph, "rebind_and_launch")
+    rebind_names = ("tensorplay rebind_and_launch (same tensors)",
+                    "tensorplay rebind_and_launch (other tensors each call)")
+    for nbytes in sizes:
+        for n in counts:
+            case = f"{n} inputs x {size_label(nbytes)}"
+            _rebind_case(case, n, nbytes // 4, calls, repeats, torch, sync, has_rebind, rebind_names)
+            gc.collect()
+            settle(tp)
+            if torch is not None:
+                settle(torch)
+
+
+def _rebind_case(case, n, elems, calls, repeats, torch, sync, has_rebind, rebind_names):
+    big = elems * 4 >= MIB
+    k = max(3, min(calls, 20 // n)) if big else max(5, min(calls, 4000 // n))
+    reps = max(5, repeats // 3) if big else repeats
+    to_np = lambda t: t.numpy()
+    statics = [tp.zeros(elems, device="cuda") for _ in range(n)]
+    sets = [_rebind_inputs(tp, n, elems, 1), _rebind_inputs(tp, n, elems, -0.5)]
+    (statics[0] * 2.0 + 1.0)                     # compile the kernels outside the capture
+    sync()
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        outs = [x * 2.0 + 1.0 for x in statics]
+    inputs = sets[0]
+    # build the staging executable outside the timing; the static inputs then hold the other set,
+    # so that a rebinding that does not take is seen by the checks
+    g.stage_and_launch(statics, sets[1])
+    sync()
+    turn = [0]
+
+    def rebind_same():
+        g.rebind_and_launch(statics, inputs)
+
+    def rebind_other():                          # the kernels' parameters change on every call
+        turn[0] ^= 1
+        g.rebind_and_launch(statics, sets[turn[0]])
+
+    def stage():
+        g.stage_and_launch(statics, inputs)
+
+    def check_replay():
+        g.replay()
+        sync()
+        _check_rebind(outs, statics, to_np, "replay()")
+
+    def check_same():
+        rebind_same()
+        sync()
+        _check_rebind(outs, inputs, to_np, "rebind_and_launch")
+
+    def check_other():
+        for _ in range(2):
+            rebind_other()
+            sync()
+            _check_rebind(outs, sets[turn[0]], to_np, "rebind_and_launch (other tensors)")
+
+    def check_stage():
+        stage()
+        sync()
+        _check_rebind(outs, inputs, to_np, "stage_and_launch")
+
+    rows = [("tensorplay replay() (no inputs)", g.replay, check_replay, tp, None)]
+    if has_rebind:
+        flags = g.rebindable(statics)
+        note = f"rebindable: {sum(map(bool, flags))} of {n}"
+        rows += [(rebind_names[0], rebind_same, check_same, tp, note),
+                 (rebind_names[1], rebind_other, check_other, tp, note)]
+    else:
+        for name in rebind_names:
+            record("rebind", case, name, note="skipped: CUDAGraph.rebind_and_launch does not exist yet")
+    rows.append(("tensorplay stage_and_launch", stage, check_stage, tp, None))
+
+    @guarded("rebind", case, "PyTorch _foreach_copy_ + replay")
+    def _torch():
+        ts = [torch.zeros(elems, device="cuda") for _ in range(n)]
+        ti = _rebind_inputs(torch, n, elems, 1)
+        tg = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            ts[0] * 2.0 + 1.0
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(tg):
+            touts = [x * 2.0 + 1.0 for x in ts]
+
+        def tforeach():
+            torch._foreach_copy_(ts, ti)
+            tg.replay()
+
+        def tcheck():
+            tforeach()
+            torch.cuda.synchronize()
+            _check_rebind(touts, ti, lambda t: t.cpu().numpy(), "PyTorch _foreach_copy_ + replay")
+        rows.append(("PyTorch _foreach_copy_ + replay", tforeach, tcheck, torch, None))
+
+    contenders, notes, latencies = [], {}, {}
+    for name, fn, check, lib, note in rows:
+        try:
+            check()
+        except Exception as exc:                 # a wrong result is reported and not timed
+            record("rebind", case, name, error=f"{type(exc).__name__}: {exc}"[:200])
+            continue
+        contenders.append((name, _loop(fn), lib.cuda.synchronize))
+        latencies[name] = event_latency(lib, fn, reps)
+        notes[name] = note
+    host = interleaved_host(contenders, k, reps)
+    for name, _, _ in contenders:
+        record("rebind", case, name, host[name], latencies[name], note=notes[name])
+    if has_rebind:
+        try:                                     # after rebinding, replay() reads the static inputs again
+            check_replay()
+        except Exception as exc:
+            record("rebind", case, "tensorplay replay() after rebinding", error=f"{type(exc).__name__}: {exc}"[:200])
+    g.reset()
+
+
 # ---------------------------------------------------------------- 3. while loop
 
 def while_rows(iterations, repeats):
@@ -1443,6 +1609,8 @@ def print_table():
     timed = [r for r in RESULTS if r["section"] not in ("memory",) + GPU_SECTIONS]
     if timed:
         print_timing_table(timed)
+    if any(r["section"] == "rebind" for r in timed):
+        print(REBIND_LEGEND)
     print_gpu_tables([r for r in RESULTS if r["section"] in GPU_SECTIONS])
     print_memory_table([r for r in RESULTS if r["section"] == "memory"])
 
@@ -1452,7 +1620,7 @@ def print_timing_table(rows):
     for r in rows:
         h = f"{r['host_us']:.2f}" if r["host_us"] is not None else "-"
         lat = f"{r['latency_us']:.1f}" if r["latency_us"] is not None else "-"
-        note = r["error"] or (f"{r['extra']:.0f} launches/s" if r["extra"] else "")
+        note = r["error"] or r["note"] or (f"{r['extra']:.0f} launches/s" if r["extra"] else "")
         print(f"{r['section']:<9} {r['case']:<20} {r['library']:<52} {h:>10} {lat:>11}  {note}")
 
 
@@ -1520,7 +1688,7 @@ def write_chart(path):
     except ImportError:
         print("matplotlib not installed: no chart")
         return
-    rows = [r for r in RESULTS if r["section"] in ("replay", "staging") and r["host_us"] is not None]
+    rows = [r for r in RESULTS if r["section"] in ("replay", "staging", "rebind") and r["host_us"] is not None]
     if not rows:
         print("no replay or staging rows: no chart")
         return
@@ -1542,8 +1710,8 @@ def write_chart(path):
 
 
 # memory first, then serving (it measures reserved memory too), before the others allocate
-SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "while", "branch", "threads", "capture",
-            "recapture", "eager")
+SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "rebind", "while", "branch", "threads",
+            "capture", "recapture", "eager")
 
 
 def parse_sections(only, ap):
@@ -1602,6 +1770,8 @@ def main():
         replay_rows([1, 10, 100] if quick else [1, 10, 100, 1000], calls, repeats, torch, cp)
     if "staging" in sections:
         staging_rows([1, 8, 32, 128], calls, repeats, torch)
+    if "rebind" in sections:
+        rebind_rows([1, 8, 32], [4 << 10, 64 * MIB], calls, repeats, torch)
     if "while" in sections:
         while_rows([10, 1000], repeats)
     if "branch" in sections:

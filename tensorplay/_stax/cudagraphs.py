@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Graph-backed callables: capture once per input signature, then every call
-is one ``stage_and_launch``.
+is one ``rebind_and_launch`` (every input rebindable) or one ``stage_and_launch``.
 
     from tensorplay._stax import cudagraphs
 
@@ -8,10 +8,12 @@ is one ``stage_and_launch``.
     def mlp(x): ...
 
     y = mlp(x)          # first call with this signature: warm up, capture, replay
-    y = mlp(x2)         # later calls: stage x2 into the captured input, replay
+    y = mlp(x2)         # later calls: the graph reads x2 itself (rebinding), or
+                        # x2 is staged into the captured input; then one launch
 
-The returned tensors are the graph's static outputs: the next call with the
-same signature overwrites them. Pass ``clone_outputs=True`` to get copies.
+The returned tensors are the graph's static outputs (never rebound): the next
+call with the same signature overwrites them. Pass ``clone_outputs=True`` to
+get copies.
 
 A wrapper keeps at most ``max_graphs`` graphs (least recently used evicted
 and reset), runs a signature whose capture failed eagerly from then on
@@ -52,10 +54,23 @@ class CUDAGraphified(Generic[P, R]):
     The signature of a call is the shapes, dtypes, devices and strides of
     its tensor arguments and the values of its other arguments (which must
     be hashable). The first call with a signature warms ``fn`` up, captures
-    it and replays it; later calls copy their tensors into the captured
-    inputs and replay (one :meth:`~tensorplay.cuda.CUDAGraph.stage_and_launch`).
-    Graphs of one wrapper share a memory pool. Make one with
-    :func:`cudagraphify`.
+    it and replays it; later calls launch it on their own tensors. Where
+    the graph can read every captured input from another tensor (its
+    kernels patched, ``CUDAGraph.rebindable``), a call rebinds: one
+    ``rebind_and_launch`` with the call's tensors in place of the captured
+    inputs, no copy. Otherwise, and for a call passing a tensor the graphs
+    may write (a static output of this wrapper's graphs or anything else
+    from their memory pool), it stages: one
+    :meth:`~tensorplay.cuda.CUDAGraph.stage_and_launch` copying the tensors
+    into the captured inputs. The outputs are the graph's static outputs
+    either way; a signature whose outputs include a view of an input always
+    stages (a rebound replay would not write the captured input). With
+    rebinding the kernels read the caller's tensors when the launch runs,
+    on the current stream, and an in-place op of ``fn`` on an argument
+    writes the caller's tensor (as ``fn`` run eagerly would; staging writes
+    the private copy); the graph keeps the last call's tensors alive until
+    its next call or reset. Graphs of one wrapper share a memory pool.
+    Make one with :func:`cudagraphify`.
 
     At most ``max_graphs`` graphs are kept: capturing one more evicts the
     least recently used, which is reset (its static outputs stay valid
@@ -66,8 +81,8 @@ class CUDAGraphified(Generic[P, R]):
     signature and runs ``fn`` eagerly for it, on this call and every later
     one, without trying again. An exception in a warm-up run (before the
     capture) is ``fn``'s own and propagates, as do errors other than
-    ``RuntimeError``. :meth:`stats` counts captures, replays, evictions and
-    eager fallbacks.
+    ``RuntimeError``. :meth:`stats` counts captures, replays (and of
+    those, rebinds), evictions and eager fallbacks.
 
     Parameters
     ----------
@@ -112,10 +127,13 @@ class CUDAGraphified(Generic[P, R]):
         # least recently used first
         self._entries: OrderedDict[tuple[Any, ...], tuple[CUDAGraph, list[Tensor], Outputs]] = OrderedDict()
         self._eager: set[tuple[Any, ...]] = set()      # signatures whose capture failed
+        # signatures whose graph rebinds -> (its rebind_and_launch, pool id, ids of the static outputs' storages)
+        self._rebind: dict[tuple[Any, ...], tuple[Callable[..., None], Any, frozenset[int]]] = {}
         # one caller at a time: eviction resets a graph another thread may be launching
         self._lock = threading.RLock()
         self.num_captures = 0
         self._replays = 0
+        self._rebinds = 0
         self._evictions = 0
         self._fallbacks = 0
         functools.update_wrapper(self, fn)
@@ -163,10 +181,18 @@ class CUDAGraphified(Generic[P, R]):
                 self._fallbacks += 1
                 return self.fn(*args, **kwargs)
             self._entries[key] = entry
+            if _can_rebind(*entry):
+                self._rebind[key] = (getattr(entry[0], "rebind_and_launch"), entry[0].pool_id,
+                                     _storage_ids(entry[2]))
         else:
             self._entries.move_to_end(key)
         g, static, outputs = entry
-        g.stage_and_launch(static, tensors)
+        rebind = self._rebind.get(key)
+        if rebind is not None and _rebind_safe(tensors, rebind[1], rebind[2]):
+            rebind[0](static, tensors)               # rebind_and_launch: the graph reads the call's tensors
+            self._rebinds += 1
+        else:
+            g.stage_and_launch(static, tensors)
         self._replays += 1
         if self.clone_outputs:
             if isinstance(outputs, Tensor):
@@ -205,17 +231,21 @@ class CUDAGraphified(Generic[P, R]):
     def _make_room(self) -> None:
         """Evict (reset) least recently used graphs until one more fits."""
         while self.max_graphs is not None and len(self._entries) >= self.max_graphs:
-            _, (g, _, _) = self._entries.popitem(last=False)
+            key, (g, _, _) = self._entries.popitem(last=False)
+            self._rebind.pop(key, None)
             g.reset()
             self._evictions += 1
 
     def stats(self) -> dict[str, int]:
         """What the wrapper did: ``captures`` (graphs captured), ``replays``
-        (calls served by a graph), ``evictions`` (graphs reset to make room),
+        (calls served by a graph), ``rebinds`` (those of the replays that
+        rebound the graph's inputs instead of staging them), ``evictions``
+        (graphs reset to make room),
         ``fallbacks`` (calls run eagerly because their signature's capture
         failed), ``graphs`` (graphs kept now) and ``eager_signatures``
         (signatures that run eagerly)."""
-        return {"captures": self.num_captures, "replays": self._replays, "evictions": self._evictions,
+        return {"captures": self.num_captures, "replays": self._replays, "rebinds": self._rebinds,
+                "evictions": self._evictions,
                 "fallbacks": self._fallbacks, "graphs": len(self._entries),
                 "eager_signatures": len(self._eager)}
 
@@ -225,11 +255,65 @@ class CUDAGraphified(Generic[P, R]):
         for g, _, _ in self._entries.values():
             g.reset()
         self._entries.clear()
+        self._rebind.clear()
         self._eager.clear()
 
 
 class _CaptureFailed(Exception):
     """The capture (not a warm-up run) failed; the cause is chained."""
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    """The device addresses ``[lo, hi)`` a CUDA tensor's elements lie in."""
+    lo = hi = t.data_ptr()
+    for n, st in zip(t.shape, t.strides):
+        ext = (n - 1) * st * t.itemsize
+        if ext < 0:
+            lo += ext
+        else:
+            hi += ext
+    return lo, hi + t.itemsize
+
+
+def _shares_memory(a: Tensor, b: Tensor) -> bool:
+    if a._device_index != b._device_index or a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _outputs_of(outputs: Outputs) -> list[Tensor]:
+    return [outputs] if isinstance(outputs, Tensor) else list(outputs)
+
+
+def _can_rebind(g: CUDAGraph, static: list[Tensor], outputs: Outputs) -> bool:
+    """Whether calls may rebind ``g``'s inputs: the graph can rebind (a
+    CUDAGraph with ``rebind_and_launch``), every static input without a
+    copy, and no output is (a view of) a static input: with rebinding the
+    captured input is not written, so such an output would keep the
+    captured values."""
+    rebindable = getattr(g, "rebindable", None)
+    if not static or rebindable is None or not hasattr(g, "rebind_and_launch"):
+        return False
+    if not all(rebindable(static)):
+        return False
+    return not any(_shares_memory(o, s) for o in _outputs_of(outputs) for s in static)
+
+
+def _storage_ids(outputs: Outputs) -> frozenset[int]:
+    return frozenset(id(o._storage) for o in _outputs_of(outputs) if o._storage is not None)
+
+
+def _rebind_safe(tensors: list[Tensor], pool_id: Any, outputs: frozenset[int]) -> bool:
+    """Whether this call's tensors may be rebound: none is memory the graph
+    may write while reading it (a static output, or anything from the pool
+    the graphs allocate from: a later capture sharing the pool may have
+    placed its outputs where this graph keeps temporaries)."""
+    for t in tensors:
+        st = t._storage
+        if st is not None and (id(st) in outputs or getattr(st, "pool_id", None) == pool_id):
+            return False
+    return True
 
 
 @overload
