@@ -54,7 +54,8 @@ cdef class Rebinder:
 
     cdef bint holds(self, object static_inputs, object static_outputs) noexcept
     cdef int launch(self, object inputs, object outputs, cydriver.CUstream stream) except -1
-    cdef int _check_layout(self, TensorBase t, Py_ssize_t k, str what) except -1
+    cdef str _name(self, Py_ssize_t k)
+    cdef int _check_layout(self, TensorBase t, Py_ssize_t k) except -1
     cdef int restore(self) except -1
     cdef int _bind(self, const uintptr_t* ptrs) except -1
     cdef int _push_dirty(self) except -1 nogil

@@ -141,11 +141,10 @@ cdef class Rebinder:
         ptrs.resize(n)
         for k in range(n):
             obj = inputs[k] if k < n_in else outputs[k - n_in]
-            what = f"inputs[{k}]" if k < n_in else f"outputs[{k - n_in}]"
             if not isinstance(obj, TensorBase):
-                raise TypeError(f"rebind_and_launch: {what} is a {type(obj).__name__}, not a tensor")
+                raise TypeError(f"rebind_and_launch: {self._name(k)} is a {type(obj).__name__}, not a tensor")
             t = <TensorBase>obj
-            self._check_layout(t, k, what)
+            self._check_layout(t, k)
             ptrs[k] = t._ptr
             if self._rebindable[k] or t._ptr == self._static_ptr[k]:
                 continue
@@ -200,9 +199,22 @@ cdef class Rebinder:
         self._bound = (tuple(inputs), tuple(outputs))
         return 0
 
-    cdef int _check_layout(self, TensorBase t, Py_ssize_t k, str what) except -1:
+    cdef str _name(self, Py_ssize_t k):
+        """The argument's name in messages (made only for one: formatting costs per call)."""
+        return f"inputs[{k}]" if k < self._n_in else f"outputs[{k - self._n_in}]"
+
+    cdef int _check_layout(self, TensorBase t, Py_ssize_t k) except -1:
         cdef int i
+        if t._device_type == DEVICE_CUDA and t._device_index == self._device and \
+                t._dtype_code == self._dtype[k] and t._ndim == self._ndim[k]:
+            for i in range(t._ndim):
+                if t._shape[i] != self._shapes[k * MAX_NDIM + i] or \
+                        (t._shape[i] > 1 and t._strides[i] != self._strides[k * MAX_NDIM + i]):
+                    break
+            else:
+                return 0
         cdef TensorBase st = <TensorBase>self._statics[k]
+        cdef str what = self._name(k)
         if t._device_type != DEVICE_CUDA or t._device_index != self._device:
             raise ValueError(f"rebind_and_launch: {what} must live on cuda:{self._device}, like its "
                              f"static tensor")

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Graph-backed callables: capture once per input signature, then every call
-is one ``rebind_and_launch`` (every input rebindable) or one ``stage_and_launch``.
+is one ``rebind_and_launch`` (every input rebindable) or one ``stage_and_launch``::
 
     from tensorplay._stax import cudagraphs
 
