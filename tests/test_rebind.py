@@ -268,3 +268,53 @@ def test_bad_arguments_raise_before_any_launch():
         CUDAGraph().rebind_and_launch([x], [x])
     g.rebind_and_launch([x], [tp.full((N,), 4.0, device="cuda")], [y], [out])   # still usable
     assert np.all(out.numpy() == 9.0)
+
+
+def test_a_less_aligned_replacement_is_copied_for_that_call(rng):
+    g, x, y = _affine_graph()
+    a = rng.standard_normal(N).astype(np.float32)
+    buf = tp.zeros(N + 1, device="cuda")
+    buf[1:].copy_(_cuda(a))
+    out = tp.empty(N, device="cuda")
+    g.rebind_and_launch([x], [buf[1:]], [y], [out])       # 4 bytes past a 512-byte boundary
+    np.testing.assert_allclose(out.numpy(), a * 2 + 1, rtol=1e-6)
+    g.rebind_and_launch([x], [_cuda(a)], [y], [out])
+    np.testing.assert_allclose(out.numpy(), a * 2 + 1, rtol=1e-6)
+
+
+def test_a_static_that_is_a_view_of_a_larger_tensor_is_copied():
+    buf = tp.zeros(2 * N, device="cuda")
+    x = tp.zeros(N, device="cuda")
+    y = buf[:N]
+    (x + 1.0)
+    tp.cuda.synchronize()
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        tp.add(x, 1.0, out=y)
+        buf.add_(1.0)                   # reaches y's bytes and beyond through y's address
+    assert g.rebindable([x], [y]) == [True, False]
+    out = tp.zeros(N, device="cuda")
+    g.rebind_and_launch([x], [tp.ones(N, device="cuda")], [y], [out])
+    assert np.all(out.numpy() == 3.0)
+
+
+def test_overlapping_replacements_raise():
+    g, x, y = _affine_graph()
+    t = tp.zeros(N, device="cuda")
+    with pytest.raises(ValueError, match="overlap"):
+        g.rebind_and_launch([x], [t], [y], [t])
+    out = tp.empty(N, device="cuda")
+    g.rebind_and_launch([x], [tp.ones(N, device="cuda")], [y], [out])
+    assert np.all(out.numpy() == 3.0)
+
+
+def test_recapture_updated_in_place_stays_rebindable():
+    g, x, y = _affine_graph()
+    out = tp.empty(N, device="cuda")
+    g.rebind_and_launch([x], [tp.ones(N, device="cuda")], [y], [out])
+    with tp.cuda.graph(g):
+        tp.add(x * 5.0, 1.0, out=y)          # the same topology: cuGraphExecUpdate
+    assert g.update_result == "success"
+    assert g.rebindable([x], [y]) == [True, True]
+    g.rebind_and_launch([x], [tp.ones(N, device="cuda")], [y], [out])
+    assert np.all(out.numpy() == 6.0)

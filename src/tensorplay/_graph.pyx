@@ -934,20 +934,19 @@ cdef class CUDAGraphBase:
         cdef Rebinder r = self._rebinder
         if r is not None and r.holds(static_inputs, static_outputs):
             return r
-        self._drop_rebinder()          # points the executable back at the old statics first
+        if r is not None:
+            r.restore()                # the executable back on the old statics (raises: r stays)
+            self._drop_rebinder()
         r = make_rebinder(self._graph, self._exec, self._device, static_inputs, static_outputs,
                           self._cond_nodes, self._kernels.multi_copy, self._kernels.copy)
         self._rebinder = r
         return r
 
     cdef void _drop_rebinder(self) noexcept:
+        """Forget the rebinder; callers point the executable back first, or
+        replace it (a re-capture's update or instantiate, a reset)."""
         if self._rebinder is None:
             return
-        if self._rebinder.rebound and self._exec != NULL:
-            try:
-                self._rebinder.restore()
-            except BaseException:
-                pass
         self._rebinder.release()
         self._rebinder = None
 
@@ -993,9 +992,7 @@ cdef class CUDAGraphBase:
 
     cdef void _release(self) noexcept:
         self._drop_stager()
-        if self._rebinder is not None:      # the executable goes: nothing to point back
-            self._rebinder.release()
-            self._rebinder = None
+        self._drop_rebinder()               # the executable goes: nothing to point back
         self._retire_previous()          # a failed re-capture discards its predecessor too
         if self._exec != NULL:
             try:

@@ -41,6 +41,9 @@ cdef class Rebinder:
     cdef vector[unsigned long long] _nbytes
     cdef vector[char] _contiguous
     cdef vector[char] _rebindable
+    cdef vector[uintptr_t] _align         # the static's address alignment (up to 256)
+    cdef vector[uintptr_t] _lo_off        # its span: [address - _lo_off, address + _hi_off)
+    cdef vector[uintptr_t] _hi_off
     cdef vector[ArgSlot] _slots           # grouped by tensor: k's are [_slot_at[k], _slot_at[k + 1])
     cdef vector[Py_ssize_t] _slot_at
     cdef vector[PatchNode] _nodes
@@ -48,7 +51,8 @@ cdef class Rebinder:
     cdef unsigned long long _in_table[1 + 3 * 128]
     cdef unsigned long long _out_table[1 + 3 * 128]
     cdef size_t _table_size
-    cdef tuple _bound                     # the tensors bound now: kept alive until the next call
+    cdef tuple _bound                     # (inputs, outputs) bound now: kept alive until the next call
+    cdef uintptr_t _last_stream           # the stream of the last launch
     cdef readonly bint rebound            # the executable reads other tensors than the statics
     cdef readonly Py_ssize_t patch_calls  # cuGraphExecKernelNodeSetParams calls made (tests)
 
@@ -56,6 +60,7 @@ cdef class Rebinder:
     cdef int launch(self, object inputs, object outputs, cydriver.CUstream stream) except -1
     cdef str _name(self, Py_ssize_t k)
     cdef int _check_layout(self, TensorBase t, Py_ssize_t k) except -1
+    cdef int _check_aliasing(self, const uintptr_t* given, const uintptr_t* ptrs) except -1
     cdef int restore(self) except -1
     cdef int _bind(self, const uintptr_t* ptrs) except -1
     cdef int _push_dirty(self) except -1 nogil

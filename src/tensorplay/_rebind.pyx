@@ -127,7 +127,7 @@ cdef class Rebinder:
         cdef Py_ssize_t k, n = self._n, n_in = self._n_in, nin_fast = 0, nout_fast = 0
         cdef TensorBase t
         cdef int i
-        cdef vector[uintptr_t] ptrs
+        cdef vector[uintptr_t] ptrs, given
         cdef unsigned long long in_max = 0, out_max = 0
         cdef unsigned long long* entry
         cdef list slow_in = None, slow_out = None
@@ -139,6 +139,7 @@ cdef class Rebinder:
             raise ValueError(f"rebind_and_launch: {n_in} static inputs and {n - n_in} static outputs but "
                              f"{len(inputs)} inputs and {len(outputs)} outputs")
         ptrs.resize(n)
+        given.resize(n)
         for k in range(n):
             obj = inputs[k] if k < n_in else outputs[k - n_in]
             if not isinstance(obj, TensorBase):
@@ -146,8 +147,15 @@ cdef class Rebinder:
             t = <TensorBase>obj
             self._check_layout(t, k)
             ptrs[k] = t._ptr
-            if self._rebindable[k] or t._ptr == self._static_ptr[k]:
+            given[k] = t._ptr
+            if t._ptr == self._static_ptr[k]:
                 continue
+            if self._rebindable[k]:
+                if (t._ptr & (self._align[k] - 1)) == 0:
+                    continue
+                # kernels chose their vector width for the static's alignment:
+                # a less aligned tensor is copied this call
+            ptrs[k] = self._static_ptr[k]       # copied: the graph keeps the static's address
             if self._contiguous[k] and self._nbytes[k] and self._copy_fn is not None:
                 if k < n_in and nin_fast < self._cap:
                     entry = &self._in_table[1 + 3 * nin_fast]
@@ -175,9 +183,14 @@ cdef class Rebinder:
                 if slow_out is None:
                     slow_out = []
                 slow_out.append(k)
+        self._check_aliasing(given.data(), ptrs.data())
         if slow_in is not None:
             for k in slow_in:
                 self._copy(self._statics[k], inputs[k])
+        # the nodes may point at these before the launch succeeds: keep them
+        # alive with the previous ones until it has
+        previous = self._bound
+        self._bound = (tuple(inputs), tuple(outputs), previous)
         self._bind(ptrs.data())
         self._in_table[0] = nin_fast
         self._out_table[0] = nout_fast
@@ -196,7 +209,40 @@ cdef class Rebinder:
         if slow_out is not None:
             for k in slow_out:
                 self._copy(outputs[k - n_in], self._statics[k])
-        self._bound = (tuple(inputs), tuple(outputs))
+        self._bound = self._bound[:2]
+        if previous is not None:
+            _retire(previous, self._bound, <uintptr_t>stream)
+        self._last_stream = <uintptr_t>stream
+        return 0
+
+    cdef int _check_aliasing(self, const uintptr_t* given, const uintptr_t* ptrs) except -1:
+        """ValueError when two of the tensors passed (at ``given``) overlap, or
+        one overlaps a static tensor this call copies into or out of (``ptrs``
+        holds the static's address for those): the captured kernels were made
+        for distinct memory, and a copy-in would overwrite what another
+        replacement reads."""
+        cdef Py_ssize_t a, b, n = self._n
+        cdef uintptr_t alo, ahi, blo, bhi
+        for a in range(n):
+            if self._nbytes[a] == 0:
+                continue
+            alo = given[a] - self._lo_off[a]
+            ahi = given[a] + self._hi_off[a]
+            for b in range(n):
+                if b == a or self._nbytes[b] == 0:
+                    continue
+                if b > a:
+                    blo = given[b] - self._lo_off[b]
+                    bhi = given[b] + self._hi_off[b]
+                    if alo < bhi and blo < ahi:
+                        raise ValueError(f"rebind_and_launch: {self._name(a)} and {self._name(b)} overlap in "
+                                         f"memory; the graph was captured on distinct tensors")
+                if ptrs[b] == self._static_ptr[b] and given[b] != self._static_ptr[b]:
+                    blo = self._static_ptr[b] - self._lo_off[b]
+                    bhi = self._static_ptr[b] + self._hi_off[b]
+                    if alo < bhi and blo < ahi:
+                        raise ValueError(f"rebind_and_launch: {self._name(a)} overlaps the static tensor of "
+                                         f"{self._name(b)}, which this call copies; pass distinct memory")
         return 0
 
     cdef str _name(self, Py_ssize_t k):
@@ -281,6 +327,7 @@ cdef class Rebinder:
                     self._nodes[j].dirty = True
                 for j in range(<size_t>self._n):
                     self._bound_ptr[j] = 0
+                self.rebound = True          # unknown: the next replay() restores everything
                 check(r)
             pn.dirty = False
         return 0
@@ -294,14 +341,42 @@ cdef class Rebinder:
         with nogil:
             ensure_context(self._device)
             self._push_dirty()
+        if self._bound is not None:
+            _retire(self._bound, (), self._last_stream)
         self._bound = None
         return 0
 
     cdef void release(self) noexcept:
-        """Forget the executable (the graph owns it) and the bound tensors."""
+        """Forget the executable (the graph owns it) and the bound tensors
+        (reused only after the last launch's stream is past them)."""
         self._exec = NULL
+        if self._bound is not None:
+            try:
+                _retire(self._bound, (), self._last_stream)
+            except BaseException:
+                pass
         self._bound = None
         self.rebound = False
+
+
+cdef int _retire(tuple old, tuple new, uintptr_t stream) except -1:
+    """Tensors of ``old`` not in ``new`` are dropped: their memory must wait for
+    the launches on ``stream`` when it was allocated on another stream."""
+    cdef Py_ssize_t i, j
+    cdef TensorBase t
+    for i in range(2):
+        group = old[i]
+        same = new[i] if len(new) > i else ()
+        for j in range(len(group)):
+            if j < len(same) and same[j] is group[j]:
+                continue
+            t = <TensorBase>group[j]
+            st = t._storage
+            if st is not None and getattr(st, "stream", stream) != stream:
+                st.record_stream(stream)
+    if len(old) > 2 and old[2] is not None:
+        _retire(old[2], new, stream)
+    return 0
 
 
 cdef tuple _span(TensorBase t):
@@ -385,6 +460,10 @@ cdef class _Scan:
                 else:
                     for body in info[1]:
                         self.scan_graph(<cydriver.CUgraph><uintptr_t>body, patchable)
+            elif t not in (cydriver.CU_GRAPH_NODE_TYPE_EMPTY, cydriver.CU_GRAPH_NODE_TYPE_HOST,
+                           cydriver.CU_GRAPH_NODE_TYPE_WAIT_EVENT, cydriver.CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+                           cydriver.CU_GRAPH_NODE_TYPE_MEM_ALLOC, cydriver.CU_GRAPH_NODE_TYPE_MEM_FREE):
+                self.mark_all()                 # memory operations we cannot read (batch mem ops, newer kinds)
         return 0
 
     cdef int scan_kernel(self, cydriver.CUgraphNode node, bint patchable) except -1:
@@ -487,6 +566,9 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, i
     r._nbytes.resize(n)
     r._contiguous.resize(n)
     r._rebindable.resize(n)
+    r._align.resize(n)
+    r._lo_off.resize(n)
+    r._hi_off.resize(n)
     scan.lo.resize(n)
     scan.hi.resize(n)
     scan.base.resize(n)
@@ -512,6 +594,15 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, i
         r._contiguous[k] = st.c_is_contiguous()
         scan.lo[k], scan.hi[k] = _span(st)
         scan.base[k] = st._ptr
+        r._lo_off[k] = st._ptr - scan.lo[k]
+        r._hi_off[k] = scan.hi[k] - st._ptr
+        r._align[k] = min(256, st._ptr & (~st._ptr + 1)) if st._ptr else 256
+        storage = st._storage
+        if r._nbytes[k] and (storage is None or getattr(storage, "ptr", 0) != scan.lo[k] or
+                             getattr(storage, "size", 0) != scan.hi[k] - scan.lo[k]):
+            # a view of a larger storage: a kernel given its address may be
+            # working on the larger tensor, beyond the static's bytes
+            scan.fallback[k] = True
     for k in range(n):
         for j in range(k):
             if scan.lo[k] < scan.hi[j] and scan.lo[j] < scan.hi[k]:
@@ -538,6 +629,9 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, i
     r._slot_at.resize(n + 1)
     for k in range(n):
         r._slot_at[k] = r._slots.size()
+        # a tensor no patchable argument points at is copied: correct whoever uses it
+        if r._nbytes[k] and not scan.slots[k]:
+            scan.fallback[k] = True
         r._rebindable[k] = not scan.fallback[k]
         if scan.fallback[k]:
             nfall += 1
