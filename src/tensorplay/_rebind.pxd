@@ -53,6 +53,7 @@ cdef class Rebinder:
     cdef size_t _table_size
     cdef tuple _bound                     # (inputs, outputs) bound now: kept alive until the next call
     cdef uintptr_t _last_stream           # the stream of the last launch
+    cdef vector[uintptr_t] _given_prev    # the addresses of the tensors in _bound
     cdef readonly bint rebound            # the executable reads other tensors than the statics
     cdef readonly Py_ssize_t patch_calls  # cuGraphExecKernelNodeSetParams calls made (tests)
 
