@@ -652,20 +652,23 @@ def _as_source(src):
     raise TypeError(f"cannot copy from {type(src).__name__}")
 
 
+def byte_span(t):
+    """The device addresses ``[lo, hi)`` a CUDA tensor's elements lie in."""
+    lo = hi = t.data_ptr()
+    for s, st in zip(t.shape, t.strides):
+        ext = (s - 1) * st * t.itemsize
+        if ext < 0:
+            lo += ext
+        else:
+            hi += ext
+    return lo, hi + t.itemsize
+
+
 def _overlaps(a, b):
     """True when two CUDA tensors' memory ranges intersect (and are not identical views)."""
     if a._device_index != b._device_index or a.numel() == 0 or b.numel() == 0:
         return False
-    def span(t):
-        lo = hi = t.data_ptr()
-        for s, st in zip(t.shape, t.strides):
-            ext = (s - 1) * st * t.itemsize
-            if ext < 0:
-                lo += ext
-            else:
-                hi += ext
-        return lo, hi + t.itemsize
-    (a0, a1), (b0, b1) = span(a), span(b)
+    (a0, a1), (b0, b1) = byte_span(a), byte_span(b)
     if a1 <= b0 or b1 <= a0:
         return False
     return not (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.strides == b.strides)

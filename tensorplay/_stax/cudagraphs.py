@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .._cuda import CudaError
+from .._tensor import byte_span
 from ..cuda.graphs import CUDAGraph, Outputs, capture_callable, graph_pool_handle
 from ..types import CaptureErrorMode, PoolLike
 
@@ -263,22 +264,10 @@ class _CaptureFailed(Exception):
     """The capture (not a warm-up run) failed; the cause is chained."""
 
 
-def _span(t: Tensor) -> tuple[int, int]:
-    """The device addresses ``[lo, hi)`` a CUDA tensor's elements lie in."""
-    lo = hi = t.data_ptr()
-    for n, st in zip(t.shape, t.strides):
-        ext = (n - 1) * st * t.itemsize
-        if ext < 0:
-            lo += ext
-        else:
-            hi += ext
-    return lo, hi + t.itemsize
-
-
 def _shares_memory(a: Tensor, b: Tensor) -> bool:
     if a._device_index != b._device_index or a.numel() == 0 or b.numel() == 0:
         return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
+    (a0, a1), (b0, b1) = byte_span(a), byte_span(b)
     return a0 < b1 and b0 < a1
 
 
