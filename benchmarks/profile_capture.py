@@ -18,6 +18,7 @@ Prints, for a capture of ``--nodes`` in-place adds on a one-element tensor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -37,62 +38,46 @@ def _median_us(fn, repeats, sync=None):
     return statistics.median(per)
 
 
+def _phases(x, new_graph, sync, side_stream, n, repeats):
+    """Median host us of ``n`` x.add_(1): per op eagerly, per op inside a
+    capture (capture_begin to the last op), and of capture_end."""
+    def ops():
+        for _ in range(n):
+            x.add_(1)
+
+    eager = _median_us(ops, repeats, sync)
+    captured, ends = [], []
+    for _ in range(repeats):
+        g = new_graph()
+        sync()
+        with side_stream():
+            t0 = time.perf_counter()
+            g.capture_begin()
+            ops()
+            t1 = time.perf_counter()
+            g.capture_end()
+            t2 = time.perf_counter()
+        captured.append((t1 - t0) * 1e6)
+        ends.append((t2 - t1) * 1e6)
+        del g
+    return {"eager per op": eager / n,
+            "captured per op": statistics.median(captured) / n,
+            "capture_end": statistics.median(ends)}
+
+
 def tensorplay_phases(n, repeats):
     x = tp.zeros(1, device="cuda")
     x.add_(1)
-
-    def eager():
-        for _ in range(n):
-            x.add_(1)
-
-    ops, ends = [], []
-    for _ in range(repeats):
-        g = tp.cuda.CUDAGraph()
-        tp.cuda.synchronize()
-        t0 = time.perf_counter()
-        g.capture_begin()
-        for _ in range(n):
-            x.add_(1)
-        t1 = time.perf_counter()
-        g.capture_end()
-        t2 = time.perf_counter()
-        ops.append((t1 - t0) * 1e6)
-        ends.append((t2 - t1) * 1e6)
-        g.reset()
-    return {"eager per op": _median_us(eager, repeats) / n,
-            "captured per op": statistics.median(ops) / n,
-            "capture_end": statistics.median(ends)}
+    # capture_begin takes a side stream itself
+    return _phases(x, tp.cuda.CUDAGraph, tp.cuda.synchronize, contextlib.nullcontext, n, repeats)
 
 
 def torch_phases(n, repeats):
     import torch
     x = torch.zeros(1, device="cuda")
     x.add_(1)
-
-    def eager():
-        for _ in range(n):
-            x.add_(1)
-
-    eager_us = _median_us(eager, repeats, torch.cuda.synchronize)
-    ops, ends = [], []
-    for _ in range(repeats):
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        torch.cuda.synchronize()
-        with torch.cuda.stream(s):
-            t0 = time.perf_counter()
-            g.capture_begin()
-            for _ in range(n):
-                x.add_(1)
-            t1 = time.perf_counter()
-            g.capture_end()
-            t2 = time.perf_counter()
-        ops.append((t1 - t0) * 1e6)
-        ends.append((t2 - t1) * 1e6)
-        del g
-    return {"eager per op": eager_us / n,
-            "captured per op": statistics.median(ops) / n,
-            "capture_end": statistics.median(ends)}
+    return _phases(x, torch.cuda.CUDAGraph, torch.cuda.synchronize,
+                   lambda: torch.cuda.stream(torch.cuda.Stream()), n, repeats)
 
 
 def profile_one_capture(n, top):

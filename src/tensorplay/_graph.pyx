@@ -901,9 +901,10 @@ cdef class CUDAGraphBase:
         it before the launch, its output from it after; so is a static
         tensor that is a view of a larger one, and, for one call, a
         replacement less aligned than its static tensor. :meth:`rebindable`
-        says which are which; replacements that overlap raise ValueError. The rebound tensors are kept alive until the
-        next rebinding or :meth:`reset`; :meth:`replay` and
-        :meth:`stage_and_launch` point the graph back at the static tensors.
+        says which are which; replacements that overlap raise ValueError.
+        The rebound tensors are kept alive until the next rebinding or
+        :meth:`reset`; :meth:`replay` and :meth:`stage_and_launch` point the
+        graph back at the static tensors.
         The analysis is built at the first call for a list of static tensors
         and kept while the same tensors are passed.
 

@@ -27,10 +27,9 @@ from libcpp.vector cimport vector
 
 from tensorplay._cuda cimport check, ensure_context
 from tensorplay._kernel cimport Function, fill_launch_extra, is_own_function
+from tensorplay._stager cimport COPY_BLOCK, copy_capacity, copy_grid_x, set_copy_entry, static_tensor
 from tensorplay._tensor_base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
 
-DEF MAX_ENTRIES = 128
-DEF COPY_BLOCK = 256
 DEF MAX_PARAMS = 4096
 
 # how a kernel node's arguments could be read
@@ -126,10 +125,8 @@ cdef class Rebinder:
         copy the others in (inputs) and out (outputs) around the launch."""
         cdef Py_ssize_t k, n = self._n, n_in = self._n_in, nin_fast = 0, nout_fast = 0
         cdef TensorBase t
-        cdef int i
         cdef vector[uintptr_t] ptrs, given
         cdef unsigned long long in_max = 0, out_max = 0
-        cdef unsigned long long* entry
         cdef list slow_in = None, slow_out = None
         if (type(inputs) is not list and type(inputs) is not tuple) or \
                 (type(outputs) is not list and type(outputs) is not tuple):
@@ -150,26 +147,20 @@ cdef class Rebinder:
             given[k] = t._ptr
             if t._ptr == self._static_ptr[k]:
                 continue
-            if self._rebindable[k]:
-                if (t._ptr & (self._align[k] - 1)) == 0:
-                    continue
-                # kernels chose their vector width for the static's alignment:
-                # a less aligned tensor is copied this call
-            ptrs[k] = self._static_ptr[k]       # copied: the graph keeps the static's address
+            if self._rebindable[k] and (t._ptr & (self._align[k] - 1)) == 0:
+                continue
+            # copied (not rebindable, or less aligned than the static, whose
+            # alignment chose the kernels' vector width): the graph keeps the
+            # static's address
+            ptrs[k] = self._static_ptr[k]
             if self._contiguous[k] and self._nbytes[k] and self._copy_fn is not None:
                 if k < n_in and nin_fast < self._cap:
-                    entry = &self._in_table[1 + 3 * nin_fast]
-                    entry[0] = t._ptr
-                    entry[1] = self._static_ptr[k]
+                    set_copy_entry(self._in_table, nin_fast, t._ptr, self._static_ptr[k], self._nbytes[k])
                     nin_fast += 1
                     in_max = max(in_max, self._nbytes[k])
-                    entry[2] = self._nbytes[k]
                     continue
                 if k >= n_in and nout_fast < self._cap:
-                    entry = &self._out_table[1 + 3 * nout_fast]
-                    entry[0] = self._static_ptr[k]
-                    entry[1] = t._ptr
-                    entry[2] = self._nbytes[k]
+                    set_copy_entry(self._out_table, nout_fast, self._static_ptr[k], t._ptr, self._nbytes[k])
                     nout_fast += 1
                     out_max = max(out_max, self._nbytes[k])
                     continue
@@ -202,14 +193,12 @@ cdef class Rebinder:
             ensure_context(self._device)
             self._push_dirty()
             if nin_fast:
-                self._copy_fn.c_launch(<unsigned int>min(1024, max(1, (in_max + 4095) // 4096)),
-                                       <unsigned int>nin_fast, 1, COPY_BLOCK, 1, 1, 0, stream,
-                                       <const void*>self._in_table, self._table_size)
+                self._copy_fn.c_launch(copy_grid_x(in_max), <unsigned int>nin_fast, 1, COPY_BLOCK, 1, 1, 0,
+                                       stream, <const void*>self._in_table, self._table_size)
             check(cydriver.cuGraphLaunch(self._exec, stream))
             if nout_fast:
-                self._copy_fn.c_launch(<unsigned int>min(1024, max(1, (out_max + 4095) // 4096)),
-                                       <unsigned int>nout_fast, 1, COPY_BLOCK, 1, 1, 0, stream,
-                                       <const void*>self._out_table, self._table_size)
+                self._copy_fn.c_launch(copy_grid_x(out_max), <unsigned int>nout_fast, 1, COPY_BLOCK, 1, 1, 0,
+                                       stream, <const void*>self._out_table, self._table_size)
         if slow_out is not None:
             for k in slow_out:
                 self._copy(outputs[k - n_in], self._statics[k])
@@ -582,13 +571,8 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, i
     scan.slots = [[] for _ in range(n)]
     scan.conditionals = conditionals
     for k in range(n):
-        obj = statics[k]
-        what = f"static_inputs[{k}]" if k < n_in else f"static_outputs[{k - n_in}]"
-        if not isinstance(obj, TensorBase):
-            raise TypeError(f"rebind_and_launch: {what} is a {type(obj).__name__}, not a tensor")
-        st = <TensorBase>obj
-        if st._device_type != DEVICE_CUDA or st._device_index != device:
-            raise ValueError(f"rebind_and_launch: {what} must live on cuda:{device}")
+        st = static_tensor(statics[k], device, "rebind_and_launch",
+                           f"static_inputs[{k}]" if k < n_in else f"static_outputs[{k - n_in}]")
         r._static_ptr[k] = st._ptr
         r._bound_ptr[k] = st._ptr
         r._dtype[k] = st._dtype_code
@@ -649,10 +633,7 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, i
             r._slots.push_back(slot)
     r._slot_at[n] = r._slots.size()
     if nfall:
-        for cap in (8, 32, 128):
-            if cap >= nfall or cap == MAX_ENTRIES:
-                r._cap = cap
-                break
+        r._cap = copy_capacity(nfall)
         r._copy_fn = multi_copy(r._cap, device)
         r._table_size = sizeof(unsigned long long) * (1 + 3 * r._cap)
     return r

@@ -4,6 +4,30 @@ from libc.stdint cimport int64_t, uintptr_t
 from libcpp.vector cimport vector
 
 from tensorplay._kernel cimport Function
+from tensorplay._tensor_base cimport TensorBase
+
+
+# The multi-copy kernel's table: the entry count, then (src, dst, nbytes)
+# triples; blockIdx.y picks the entry, COPY_BLOCK threads per block.
+cdef enum:
+    COPY_BLOCK = 256
+
+
+cdef inline void set_copy_entry(unsigned long long* table, Py_ssize_t i, unsigned long long src,
+                                unsigned long long dst, unsigned long long nbytes) noexcept nogil:
+    cdef unsigned long long* e = &table[1 + 3 * i]
+    e[0] = src
+    e[1] = dst
+    e[2] = nbytes
+
+
+cdef TensorBase static_tensor(object obj, int device, str api, str what)
+cdef Py_ssize_t copy_capacity(Py_ssize_t entries) noexcept
+
+
+cdef inline unsigned int copy_grid_x(unsigned long long maxbytes) noexcept nogil:
+    """Blocks per entry: one per 4 KiB of the largest entry, 1 to 1024."""
+    return <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
 
 
 cdef class Stager:

@@ -26,9 +26,27 @@ import numpy
 # Table sizes of the multi-copy kernel; 128 entries keep its parameters under 4 KiB.
 STAGE_CAPACITIES = (8, 32, 128)
 DEF MAX_ENTRIES = 128
-DEF COPY_BLOCK = 256
 
 cdef Py_ssize_t g_builds = 0
+
+
+cdef TensorBase static_tensor(object obj, int device, str api, str what):
+    """``obj`` as the TensorBase a graph call keeps for a static tensor:
+    TypeError unless a tensor, ValueError unless on cuda:``device``."""
+    if not isinstance(obj, TensorBase):
+        raise TypeError(f"{api}: {what} is a {type(obj).__name__}, not a tensor")
+    cdef TensorBase t = <TensorBase>obj
+    if t._device_type != DEVICE_CUDA or t._device_index != device:
+        raise ValueError(f"{api}: {what} must live on cuda:{device}")
+    return t
+
+
+cdef Py_ssize_t copy_capacity(Py_ssize_t entries) noexcept:
+    """The smallest table size of STAGE_CAPACITIES holding ``entries`` (the largest beyond)."""
+    for cap in STAGE_CAPACITIES:
+        if cap >= entries:
+            return cap
+    return MAX_ENTRIES
 
 
 def staged_builds():
@@ -107,7 +125,6 @@ cdef class Stager:
         cdef int i
         cdef bint fast
         cdef unsigned long long maxbytes = 0
-        cdef unsigned long long* entry
         cdef list slow = None
         if type(inputs) is not list and type(inputs) is not tuple:
             raise TypeError("stage_and_launch(static_inputs, inputs) takes two lists or tuples of tensors")
@@ -128,10 +145,7 @@ cdef class Stager:
                             break
             if fast:
                 if self._nbytes[k] and nfast < MAX_ENTRIES:
-                    entry = &self._table[1 + 3 * nfast]
-                    entry[0] = src._ptr
-                    entry[1] = self._dst[k]
-                    entry[2] = self._nbytes[k]
+                    set_copy_entry(self._table, nfast, src._ptr, self._dst[k], self._nbytes[k])
                     if self._nbytes[k] > maxbytes:
                         maxbytes = self._nbytes[k]
                     nfast += 1
@@ -146,7 +160,7 @@ cdef class Stager:
             for k in slow:
                 self._copy(self._statics[k], inputs[k])
         self._table[0] = nfast
-        self._params.gridDimX = <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
+        self._params.gridDimX = copy_grid_x(maxbytes)
         self._params.gridDimY = <unsigned int>(nfast if nfast else 1)
         with nogil:
             ensure_context(self._device)
@@ -225,12 +239,7 @@ cdef Stager make_stager(cydriver.CUgraph graph, cydriver.CUgraphExec main, int d
     s._contiguous.resize(n)
     s._shapes.resize(n * MAX_NDIM)
     for k in range(n):
-        obj = s._statics[k]
-        if not isinstance(obj, TensorBase):
-            raise TypeError(f"stage_and_launch: static_inputs[{k}] is a {type(obj).__name__}, not a tensor")
-        st = <TensorBase>obj
-        if st._device_type != DEVICE_CUDA or st._device_index != device:
-            raise ValueError(f"stage_and_launch: static_inputs[{k}] must live on cuda:{device}")
+        st = static_tensor(s._statics[k], device, "stage_and_launch", f"static_inputs[{k}]")
         s._dst[k] = st._ptr
         s._nbytes[k] = <unsigned long long>(st.c_numel() * st._itemsize)
         s._dtype[k] = st._dtype_code
@@ -242,10 +251,7 @@ cdef Stager make_stager(cydriver.CUgraph graph, cydriver.CUgraphExec main, int d
             nfast += 1
     if nfast == 0:
         return s                         # every pair goes through copy: no kernel needed
-    for cap in STAGE_CAPACITIES:
-        if cap >= nfast or cap == MAX_ENTRIES:
-            s._cap = cap
-            break
+    s._cap = copy_capacity(nfast)
     s._fn = multi_copy(s._cap, device)
     s._table_size = sizeof(unsigned long long) * (1 + 3 * s._cap)
     fill_launch_extra(s._extra, s._table, &s._table_size)

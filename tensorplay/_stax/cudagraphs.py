@@ -183,7 +183,7 @@ class CUDAGraphified(Generic[P, R]):
                 return self.fn(*args, **kwargs)
             self._entries[key] = entry
             if _can_rebind(*entry):
-                self._rebind[key] = (getattr(entry[0], "rebind_and_launch"), entry[0].pool_id,
+                self._rebind[key] = (entry[0].rebind_and_launch, entry[0].pool_id,
                                      _storage_ids(entry[2]))
         else:
             self._entries.move_to_end(key)
