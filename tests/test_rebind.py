@@ -309,12 +309,48 @@ def test_overlapping_replacements_raise():
 
 
 def test_recapture_updated_in_place_stays_rebindable():
+    # the executable's nodes are the first capture's graph's: patches after
+    # one update and after another must reach them
     g, x, y = _affine_graph()
     out = tp.empty(N, device="cuda")
     g.rebind_and_launch([x], [tp.ones(N, device="cuda")], [y], [out])
-    with tp.cuda.graph(g):
-        tp.add(x * 5.0, 1.0, out=y)          # the same topology: cuGraphExecUpdate
-    assert g.update_result == "success"
-    assert g.rebindable([x], [y]) == [True, True]
-    g.rebind_and_launch([x], [tp.ones(N, device="cuda")], [y], [out])
-    assert np.all(out.numpy() == 6.0)
+    for scale in (5.0, 7.0):
+        with tp.cuda.graph(g):
+            tp.add(x * scale, 1.0, out=y)    # the same topology: cuGraphExecUpdate
+        assert g.update_result == "success"
+        assert g.rebindable([x], [y]) == [True, True]
+        x.fill_(0.0)
+        y.fill_(-1.0)
+        other = tp.full((N,), 2.0, device="cuda")
+        g.rebind_and_launch([x], [other], [y], [out])
+        assert g._rebind_patch_calls > 0
+        assert np.all(out.numpy() == 2.0 * scale + 1.0)
+        assert np.all(y.numpy() == -1.0)     # written through the patched pointer, not copied
+        g.replay()                           # and back on the statics
+        assert np.all(y.numpy() == 1.0)
+
+
+def test_conditional_bodies_after_an_in_place_update_are_copied_and_correct(rng):
+    # the executable's bodies are the first capture's, which the driver does
+    # not show: their tensors fall back to the copy path, still correct
+    x = tp.zeros(N, device="cuda")
+    y = tp.zeros(N, device="cuda")
+    pred = tp.ones(1, dtype=tp.bool, device="cuda")
+    (x * 2.0)
+    tp.cuda.synchronize()
+    g = CUDAGraph()
+    for scale in (2.0, 3.0):
+        with tp.cuda.graph(g):
+            with g.if_else(pred) as (then, otherwise):
+                with then:
+                    tp.mul(x, scale, out=y)
+                with otherwise:
+                    tp.mul(x, -1.0, out=y)
+    updated = g.update_result == "success"      # (a driver may refuse to update conditional nodes)
+    assert g.rebindable([x], [y]) == [not updated, not updated]
+    a = rng.standard_normal(N).astype(np.float32)
+    xin, out = _cuda(a), tp.empty(N, device="cuda")
+    for p, expect in ((True, a * 3), (False, -a)):
+        pred.fill_(p)
+        g.rebind_and_launch([x], [xin], [y], [out])
+        np.testing.assert_allclose(out.numpy(), expect, rtol=1e-6)

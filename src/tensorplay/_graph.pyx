@@ -187,6 +187,11 @@ cdef class CUDAGraphBase:
     # storages and pool hold.
     cdef cydriver.CUgraph _old_graph
     cdef cydriver.CUgraphExec _old_exec
+    cdef cydriver.CUgraph _old_exec_graph
+    # The graph the executable was instantiated from when an in-place update
+    # has since replaced _graph (NULL: _graph): its nodes stay the ones that
+    # cuGraphExec*SetParams knows the executable's nodes by.
+    cdef cydriver.CUgraph _exec_graph
     cdef dict _old_keepalive
     cdef long long _old_pool_id
     cdef bint _old_has_pool
@@ -198,6 +203,8 @@ cdef class CUDAGraphBase:
         self._exec = NULL
         self._old_graph = NULL
         self._old_exec = NULL
+        self._old_exec_graph = NULL
+        self._exec_graph = NULL
         self._old_has_pool = False
         self._capture_stream = NULL
         self._device = -1
@@ -384,6 +391,12 @@ cdef class CUDAGraphBase:
                 if self._old_exec != NULL and self._update_previous(g):
                     self._exec = self._old_exec          # updated in place: the same handle
                     self._old_exec = NULL
+                    if self._old_exec_graph != NULL:     # the graph it was instantiated from stays
+                        self._exec_graph = self._old_exec_graph
+                        self._old_exec_graph = NULL
+                    else:
+                        self._exec_graph = self._old_graph
+                        self._old_graph = NULL
                 else:
                     if self._old_exec == NULL:
                         self._update_result = None
@@ -412,8 +425,10 @@ cdef class CUDAGraphBase:
         self._old_keepalive = self._keepalive_storages
         self._old_pool_id = self._pool_id
         self._old_has_pool = self._has_pool
+        self._old_exec_graph = self._exec_graph
         self._graph = NULL
         self._exec = NULL
+        self._exec_graph = NULL
         self._keepalive_storages = {}
         self._has_pool = False
         self._cond_nodes = {}
@@ -450,13 +465,8 @@ cdef class CUDAGraphBase:
             except BaseException:
                 pass
             self._old_exec = NULL
-        if self._old_graph != NULL:
-            try:
-                if cydriver.cuGraphDestroy(self._old_graph) == cydriver.CUDA_SUCCESS:
-                    count_live(LIVE_GRAPHS, -1)
-            except BaseException:
-                pass
-            self._old_graph = NULL
+        _destroy_graph(&self._old_graph)
+        _destroy_graph(&self._old_exec_graph)
         streams = tuple(self._replay_streams) if self._replay_streams else ()
         if self._old_keepalive and streams:
             for storage in self._old_keepalive.values():
@@ -940,7 +950,7 @@ cdef class CUDAGraphBase:
         if r is not None:
             r.restore()                # the executable back on the old statics (raises: r stays)
             self._drop_rebinder()
-        r = make_rebinder(self._graph, self._exec, self._device, static_inputs, static_outputs,
+        r = make_rebinder(self._graph, self._exec_graph, self._exec, self._device, static_inputs, static_outputs,
                           self._cond_nodes, self._kernels.multi_copy, self._kernels.copy)
         self._rebinder = r
         return r
@@ -1005,13 +1015,8 @@ cdef class CUDAGraphBase:
             except BaseException:
                 pass
             self._exec = NULL
-        if self._graph != NULL:
-            try:
-                if cydriver.cuGraphDestroy(self._graph) == cydriver.CUDA_SUCCESS:
-                    count_live(LIVE_GRAPHS, -1)
-            except BaseException:
-                pass
-            self._graph = NULL
+        _destroy_graph(&self._graph)
+        _destroy_graph(&self._exec_graph)
         # what replays may still be using is reused only after them
         streams = tuple(self._replay_streams) if self._replay_streams else ()
         self._replay_streams = None
@@ -1117,3 +1122,12 @@ def is_stream_capturing(uintptr_t stream, int device):
         ensure_context(device)
         check(cydriver.cuStreamIsCapturing(<cydriver.CUstream>stream, &status))
     return status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+
+cdef void _destroy_graph(cydriver.CUgraph* g) noexcept:
+    """Destroy ``*g`` if set (counted out of the live graphs) and clear it."""
+    if g[0] == NULL:
+        return
+    if cydriver.cuGraphDestroy(g[0]) == cydriver.CUDA_SUCCESS:
+        count_live(LIVE_GRAPHS, -1)
+    g[0] = NULL

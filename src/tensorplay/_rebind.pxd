@@ -68,6 +68,7 @@ cdef class Rebinder:
     cdef void release(self) noexcept
 
 
-cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, int device,
+cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
+                            cydriver.CUgraphExec main, int device,
                             object static_inputs, object static_outputs, dict conditionals,
                             object multi_copy, object copy)

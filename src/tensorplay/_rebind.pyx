@@ -418,9 +418,12 @@ cdef class _Scan:
         for k in range(self.fallback.size()):
             self.fallback[k] = True
 
-    cdef int scan_graph(self, cydriver.CUgraph g, bint patchable) except -1:
+    cdef int scan_graph(self, cydriver.CUgraph g, bint patchable, cydriver.CUgraph paired) except -1:
+        """Walk ``g``'s nodes; the executable knows them as ``paired``'s (the
+        graph it was instantiated from, NULL: ``g`` itself), node for node in
+        insertion order, which cuGraphExecUpdate requires to match."""
         cdef size_t n = 0, i
-        cdef vector[cydriver.CUgraphNode] nodes
+        cdef vector[cydriver.CUgraphNode] nodes, exec_nodes
         cdef cydriver.CUgraphNodeType t
         cdef cydriver.CUDA_MEMSET_NODE_PARAMS mp
         cdef cydriver.CUDA_MEMCPY3D cp
@@ -430,10 +433,15 @@ cdef class _Scan:
             return 0
         nodes.resize(n)
         check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
+        if paired == NULL or paired == g:
+            exec_nodes = nodes
+        elif not _paired_nodes(nodes, paired, exec_nodes):
+            patchable = False           # no node-for-node match to trust: copy
+            exec_nodes = nodes
         for i in range(n):
             check(cydriver.cuGraphNodeGetType(nodes[i], &t))
             if t == cydriver.CU_GRAPH_NODE_TYPE_KERNEL:
-                self.scan_kernel(nodes[i], patchable)
+                self.scan_kernel(nodes[i], patchable, exec_nodes[i])
             elif t == cydriver.CU_GRAPH_NODE_TYPE_MEMSET:
                 check(cydriver.cuGraphMemsetNodeGetParams(nodes[i], &mp))
                 self.mark_range(mp.dst, mp.dst + mp.pitch * (mp.height - 1 if mp.height else 0)
@@ -447,21 +455,27 @@ cdef class _Scan:
                                                                         cp.dstPitch, cp.dstHeight, &cp))
             elif t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
                 check(cydriver.cuGraphChildGraphNodeGetGraph(nodes[i], &child))
-                self.scan_graph(child, False)
+                self.scan_graph(child, False, NULL)
             elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
                 info = self.conditionals.get(<uintptr_t>nodes[i])
                 if info is None:
                     self.mark_all()             # bodies the driver will not show us
                 else:
+                    # after an update the executable's bodies are the first
+                    # capture's, which the driver does not show: copy
                     for body in info[1]:
-                        self.scan_graph(<cydriver.CUgraph><uintptr_t>body, patchable)
+                        self.scan_graph(<cydriver.CUgraph><uintptr_t>body,
+                                        patchable and (paired == NULL or paired == g), NULL)
             elif t not in (cydriver.CU_GRAPH_NODE_TYPE_EMPTY, cydriver.CU_GRAPH_NODE_TYPE_HOST,
                            cydriver.CU_GRAPH_NODE_TYPE_WAIT_EVENT, cydriver.CU_GRAPH_NODE_TYPE_EVENT_RECORD,
                            cydriver.CU_GRAPH_NODE_TYPE_MEM_ALLOC, cydriver.CU_GRAPH_NODE_TYPE_MEM_FREE):
                 self.mark_all()                 # memory operations we cannot read (batch mem ops, newer kinds)
         return 0
 
-    cdef int scan_kernel(self, cydriver.CUgraphNode node, bint patchable) except -1:
+    cdef int scan_kernel(self, cydriver.CUgraphNode node, bint patchable,
+                         cydriver.CUgraphNode exec_node) except -1:
+        """Find the static tensors in ``node``'s arguments; patches go to the
+        executable's ``exec_node``."""
         cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
         cdef vector[char] buf
         cdef vector[size_t] offsets, sizes
@@ -499,7 +513,7 @@ cdef class _Scan:
         if not found:
             return 0
         memset(&pn, 0, sizeof(pn))
-        pn.node = node
+        pn.node = exec_node
         pn.params = kp
         pn.params.kernelParams = NULL
         pn.params.extra = NULL
@@ -512,6 +526,33 @@ cdef class _Scan:
         return 0
 
 
+cdef bint _paired_nodes(vector[cydriver.CUgraphNode]& nodes, cydriver.CUgraph paired,
+                        vector[cydriver.CUgraphNode]& out) except -1:
+    """``paired``'s nodes into ``out``, True when they match ``nodes`` one for
+    one in kind and, for kernels, function (what a wrong pairing would break)."""
+    cdef size_t n = 0, i
+    cdef cydriver.CUgraphNodeType a, b
+    cdef cydriver.CUDA_KERNEL_NODE_PARAMS ka, kb
+    check(cydriver.cuGraphGetNodes(paired, NULL, &n))
+    if n != nodes.size():
+        return False
+    out.resize(n)
+    check(cydriver.cuGraphGetNodes(paired, out.data(), &n))
+    for i in range(n):
+        check(cydriver.cuGraphNodeGetType(nodes[i], &a))
+        check(cydriver.cuGraphNodeGetType(out[i], &b))
+        if a != b:
+            return False
+        if a == cydriver.CU_GRAPH_NODE_TYPE_KERNEL:
+            memset(&ka, 0, sizeof(ka))
+            memset(&kb, 0, sizeof(kb))
+            check(cydriver.cuGraphKernelNodeGetParams(nodes[i], &ka))
+            check(cydriver.cuGraphKernelNodeGetParams(out[i], &kb))
+            if ka.func != kb.func:
+                return False
+    return True
+
+
 cdef size_t _box_bytes(size_t x, size_t y, size_t z, size_t pitch, size_t height,
                        cydriver.CUDA_MEMCPY3D* cp) noexcept:
     """The bytes from a memcpy side's first byte to the end of its box (pitch
@@ -522,11 +563,13 @@ cdef size_t _box_bytes(size_t x, size_t y, size_t z, size_t pitch, size_t height
         + cp.WidthInBytes
 
 
-cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, int device,
+cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
+                            cydriver.CUgraphExec main, int device,
                             object static_inputs, object static_outputs, dict conditionals,
                             object multi_copy, object copy):
     """Build the Rebinder of these static tensors for ``graph`` (whose
-    executable is ``main``); ``conditionals`` maps conditional nodes to their
+    executable is ``main``, instantiated from ``exec_graph``, NULL: from
+    ``graph``; an in-place update leaves the first graph's nodes its own); ``conditionals`` maps conditional nodes to their
     bodies (as for describe); ``multi_copy(capacity, device)`` gives the copy
     kernel, ``copy(dst, src)`` copies what it cannot."""
     cdef Rebinder r = Rebinder.__new__(Rebinder)
@@ -599,7 +642,7 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraphExec main, i
                 raise ValueError(f"rebind_and_launch: static tensors {j} and {k} overlap in memory; "
                                  f"each must be its own memory to be rebound")
     ensure_context(device)
-    scan.scan_graph(graph, True)
+    scan.scan_graph(graph, True, exec_graph)
     # a node the driver refuses to update (in a body it cannot patch, say) is a fallback
     for p in range(scan.nodes.size()):
         pn = &scan.nodes[p]
