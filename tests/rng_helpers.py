@@ -162,6 +162,8 @@ def host_source(op, out, variant=None):
     body = ["  const unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);",
             "  const unsigned int o0 = (unsigned int)offset, o1 = (unsigned int)(offset >> 32);"]
     body += ["  " + p for p in dist.prep]
+    body += [f"  const {ctype}* {shared} = {glob};"
+             for ctype, glob, shared, _ in (rk.TABLES[t] for t in dist.tables)]
     body += [f"  for (long long b = 0; b * {per} < n; ++b) {{",
              "    unsigned int r[4];",
              "    tp_philox((unsigned long long)b, k0, k1, o0, o1, r);"]
@@ -173,7 +175,7 @@ def host_source(op, out, variant=None):
              f"    tp_rng_values({', '.join(call)});",
              f"    for (int j = 0; j < {per}; ++j) if (b * {per} + j < n) out[b * {per} + j] = v[j];",
              "  }"]
-    return (HOST_SHIMS + rk.math_source() + rk.values_source(dist)
+    return (HOST_SHIMS + rk.math_source(dist.tables) + rk.values_source(dist)
             + f'extern "C" void tp_run({", ".join(args)}) {{\n' + "\n".join(body) + "\n}\n"), dist
 
 

@@ -141,13 +141,21 @@ def test_generated_source_uses_the_reference_constants_and_no_fused_multiply_add
     for c in (philox.PHILOX_M0, philox.PHILOX_M1, philox.PHILOX_W0, philox.PHILOX_W1):
         assert f"{c:#010x}u" in src
     assert f"round < {philox.PHILOX_ROUNDS}" in src
-    for fm, ctype in ((philox.F32, "float"), (philox.F64, "double")):
-        for coef in fm.log_coefs + fm.cos_coefs + fm.sin_coefs + (fm.ln2_hi, fm.ln2_lo, fm.sqrt2, fm.two_pi):
-            assert rk.literal(coef, ctype) in src, (ctype, coef)
+    f32, f64 = philox.F32, philox.F64
+    for coef in f32.log1p_coefs + (f32.sincos_step, f32.sin_coef, f32.ln2_hi, f32.ln2_lo, f32.sqrt2):
+        assert rk.literal(coef, "float") in src, coef
+    for coef in f64.log_coefs + f64.cos_coefs + f64.sin_coefs + (f64.ln2_hi, f64.ln2_lo, f64.sqrt2, f64.two_pi):
+        assert rk.literal(coef, "double") in src, coef
+    # the tables, row for row, and copied into shared memory before use
+    for table, rows in (("tp_rng_sincos_table_f", f32.sincos_table), ("tp_rng_log_table_f", f32.log_table)):
+        assert f"{table}[{len(rows)}]" in src
+        for row in (rows[1], rows[len(rows) // 3], rows[-1]):
+            assert "{" + ", ".join(rk.literal(v, "float") for v in row) + "}" in src
+    assert src.index("__syncthreads();") < src.index("for (long long b =")
     assert "fma" not in src.lower().replace("fmad", "")
     assert "--fmad=false" in rk.OPTIONS
     # exact literals: each parses back to the constant
-    assert float.fromhex(rk.literal(philox.F32.two_pi, "float")[:-1]) == float(philox.F32.two_pi)
+    assert float.fromhex(rk.literal(f32.sincos_step, "float")[:-1]) == float(f32.sincos_step)
 
 
 def test_every_random_kernel_compiles_to_cubin():

@@ -80,54 +80,97 @@ __device__ __forceinline__ unsigned long long tp_rng_w64(const unsigned int r[4]
 """
 
 
+def log_source_f32(fm):
+    """``tp_rng_log_f(u, tab)``: TableMath32.log in C, ``tab`` its log table."""
+    c = "float"
+    c2, c3, c4 = (literal(x, c) for x in fm.log1p_coefs)
+    return "\n".join([
+        "__device__ __forceinline__ float tp_rng_log_f(float u, const tp_f4* tab) {",
+        "  const unsigned int bits = __float_as_uint(u);",
+        f"  int e = (int)(bits >> 23) - {fm.bias};",
+        "  float m = __uint_as_float((bits & 0x7fffffu) | 0x3f800000u);",
+        f"  if (m > {literal(fm.sqrt2, c)}) {{ m = __fmul_rn(m, {literal(0.5, c)}); e += 1; }}",
+        "  const tp_f4 row = tab[(__float_as_uint(m) >> 16) & 0xffu];",
+        "  const float r = __fmul_rn(__fsub_rn(m, row.x), row.y);",
+        f"  const float q = __fmul_rn(__fadd_rn(__fmul_rn(r, {c4}), {c3}), r);",
+        f"  const float l1p = __fadd_rn(r, __fmul_rn(__fmul_rn(r, r), __fadd_rn(q, {c2})));",
+        "  const float ef = __int2float_rn(e);",
+        f"  return __fadd_rn(__fadd_rn(__fmul_rn(ef, {literal(fm.ln2_hi, c)}), row.z), "
+        f"__fadd_rn(__fmul_rn(ef, {literal(fm.ln2_lo, c)}), l1p));",
+        "}"]) + "\n"
+
+
+def sincos_source_f32(fm):
+    """``tp_rng_sincos_2pi_f(k, tab, &c, &s)``: TableMath32.sincos_2pi in C for
+    24-bit ``k``, ``tab`` its (cos, sin) table."""
+    return "\n".join([
+        "__device__ __forceinline__ void tp_rng_sincos_2pi_f(unsigned int k, const tp_f2* tab, "
+        "float* cos_out, float* sin_out) {",
+        f"  const tp_f2 row = tab[k >> {24 - fm.SINCOS_BITS}];",
+        f"  const float b = __fmul_rn(__uint2float_rn(k & {(1 << (24 - fm.SINCOS_BITS)) - 1:#x}u), "
+        f"{literal(fm.sincos_step, 'float')});",
+        "  const float b2 = __fmul_rn(b, b);",
+        f"  const float cb = __fsub_rn({literal(1.0, 'float')}, __fmul_rn(b2, {literal(0.5, 'float')}));",
+        f"  const float sb = __fsub_rn(b, __fmul_rn(__fmul_rn(b, b2), {literal(fm.sin_coef, 'float')}));",
+        "  cos_out[0] = __fsub_rn(__fmul_rn(row.x, cb), __fmul_rn(row.y, sb));",
+        "  sin_out[0] = __fadd_rn(__fmul_rn(row.y, cb), __fmul_rn(row.x, sb));",
+        "}"]) + "\n"
+
+
+# The float32 tables, as the kernels' global constants; a kernel that uses
+# one copies it into shared memory first (random rows: no coalescing).
+TABLE_TYPES = r"""
+struct alignas(8) tp_f2 { float x, y; };
+struct alignas(16) tp_f4 { float x, y, z, w; };
+"""
+
+# name -> (C type, global, shared name, rows of fm)
+TABLES = {
+    "sincos": ("tp_f2", "tp_rng_sincos_table_f", "sincos_tab", lambda fm: fm.sincos_table),
+    "log": ("tp_f4", "tp_rng_log_table_f", "log_tab", lambda fm: fm.log_table),
+}
+
+
+def table_source(name):
+    """The global constant array of table ``name`` (exact hexadecimal literals)."""
+    ctype, glob, _, rows_of = TABLES[name]
+    rows = rows_of(_philox.F32)
+    body = ",\n".join("  {" + ", ".join(literal(v, "float") for v in row) + "}" for row in rows)
+    return f"__device__ const {ctype} {glob}[{len(rows)}] = {{\n{body}\n}};\n"
+
+
 def log_source(fm):
-    """``tp_rng_log_<f|d>(u)``: FloatMath.log in C."""
-    c = "float" if fm.type.__name__ == "float32" else "double"
-    sfx = "f" if c == "float" else "d"
+    """``tp_rng_log_d(u)``: FloatMath.log in C (float64)."""
+    c = "double"
     add, mul = _ops(c)
-    sub, div = ("__fsub_rn", "__fdiv_rn") if c == "float" else ("__dsub_rn", "__ddiv_rn")
     one = literal(1.0, c)
-    if c == "float":
-        head = ["  const unsigned int bits = __float_as_uint(u);",
-                f"  int e = (int)(bits >> {fm.mant_bits}) - {fm.bias};",
-                f"  {c} m = __uint_as_float((bits & {(1 << fm.mant_bits) - 1:#x}u) | {fm.bias << fm.mant_bits:#x}u);"]
-        to_c = "__int2float_rn"
-    else:
-        head = ["  const unsigned long long bits = (unsigned long long)__double_as_longlong(u);",
-                f"  int e = (int)(bits >> {fm.mant_bits}) - {fm.bias};",
-                f"  {c} m = __longlong_as_double((long long)((bits & {(1 << fm.mant_bits) - 1:#x}ull) | "
-                f"{fm.bias << fm.mant_bits:#x}ull));"]
-        to_c = "__int2double_rn"
-    lines = [f"__device__ __forceinline__ {c} tp_rng_log_{sfx}({c} u) {{"] + head + [
-        f"  if (m > {literal(fm.sqrt2, c)}) {{ m = {mul}(m, {literal(0.5, c)}); e += 1; }}",
-        f"  const {c} f = {sub}(m, {one});",
-        f"  const {c} s = {div}(f, {add}(m, {one}));",
-        f"  const {c} z = {mul}(s, s);",
-    ] + _horner(c, fm.log_coefs, "z") + [
+    lines = ["__device__ __forceinline__ double tp_rng_log_d(double u) {",
+             "  const unsigned long long bits = (unsigned long long)__double_as_longlong(u);",
+             f"  int e = (int)(bits >> {fm.mant_bits}) - {fm.bias};",
+             f"  double m = __longlong_as_double((long long)((bits & {(1 << fm.mant_bits) - 1:#x}ull) | "
+             f"{fm.bias << fm.mant_bits:#x}ull));",
+             f"  if (m > {literal(fm.sqrt2, c)}) {{ m = {mul}(m, {literal(0.5, c)}); e += 1; }}",
+             f"  const double f = __dsub_rn(m, {one});",
+             f"  const double s = __ddiv_rn(f, {add}(m, {one}));",
+             f"  const double z = {mul}(s, s);",
+             ] + _horner(c, fm.log_coefs, "z") + [
         f"  const {c} h = {mul}(s, p);",
-        f"  const {c} ef = {to_c}(e);",
+        f"  const {c} ef = __int2double_rn(e);",
         f"  return {add}({mul}(ef, {literal(fm.ln2_hi, c)}), {add}({mul}(ef, {literal(fm.ln2_lo, c)}), {add}(h, h)));",
         "}"]
     return "\n".join(lines) + "\n"
 
 
 def sincos_source(fm, bits):
-    """``tp_rng_sincos_2pi_<f|d>(k, &c, &s)``: FloatMath.sincos_2pi in C for
-    ``k < 2**bits``."""
-    c = "float" if fm.type.__name__ == "float32" else "double"
-    sfx = "f" if c == "float" else "d"
+    """``tp_rng_sincos_2pi_d(k, &c, &s)``: FloatMath.sincos_2pi in C (float64)
+    for ``k < 2**bits``."""
+    c = "double"
     add, mul = _ops(c)
-    if c == "float":
-        quarter = [f"  const int q = (int)((k + {1 << (bits - 3)}u) >> {bits - 2});",
-                   f"  const int v = (int)k - (q << {bits - 2});",
-                   f"  const {c} x = {mul}({mul}(__int2float_rn(v), {literal(2.0 ** -bits, c)}), "
-                   f"{literal(fm.two_pi, c)});"]
-    else:
-        quarter = [f"  const int q = (int)(((unsigned long long)k + {1 << (bits - 3)}ull) >> {bits - 2});",
-                   f"  const long long v = (long long)k - ((long long)q << {bits - 2});",
-                   f"  const {c} x = {mul}({mul}(__ll2double_rn(v), {literal(2.0 ** -bits, c)}), "
-                   f"{literal(fm.two_pi, c)});"]
-    lines = [f"__device__ __forceinline__ void tp_rng_sincos_2pi_{sfx}(unsigned int k, {c}* cos_out, "
+    quarter = [f"  const int q = (int)(((unsigned long long)k + {1 << (bits - 3)}ull) >> {bits - 2});",
+               f"  const long long v = (long long)k - ((long long)q << {bits - 2});",
+               f"  const {c} x = {mul}({mul}(__ll2double_rn(v), {literal(2.0 ** -bits, c)}), "
+               f"{literal(fm.two_pi, c)});"]
+    lines = [f"__device__ __forceinline__ void tp_rng_sincos_2pi_d(unsigned int k, {c}* cos_out, "
              f"{c}* sin_out) {{"] + quarter + [f"  const {c} z = {mul}(x, x);"]
     lines += ["  " + x for x in ["{"] + _horner(c, fm.cos_coefs, "z") + ["  cos_out[0] = p;", "}"]]
     lines += ["  " + x for x in ["{"] + _horner(c, fm.sin_coefs, "z") + [f"  sin_out[0] = {mul}(x, p);", "}"]]
@@ -142,11 +185,13 @@ def sincos_source(fm, bits):
     return "\n".join(lines) + "\n"
 
 
-def math_source():
-    """Philox, log and sin/cos for both compute types: plain functions of
-    IEEE operations, compilable as host C++ too (tests do, against NumPy)."""
-    return (philox_source() + log_source(_philox.F32) + log_source(_philox.F64)
-            + sincos_source(_philox.F32, 24) + sincos_source(_philox.F64, 32))
+def math_source(tables=()):
+    """Philox, log and sin/cos for both compute types, and the float32 tables
+    named in ``tables``: plain functions of IEEE operations, compilable as
+    host C++ too (tests do, against NumPy)."""
+    return (philox_source() + TABLE_TYPES + "".join(table_source(t) for t in tables)
+            + log_source_f32(_philox.F32) + log_source(_philox.F64)
+            + sincos_source_f32(_philox.F32) + sincos_source(_philox.F64, 32))
 
 
 STATE_SOURCE = r"""
@@ -202,11 +247,16 @@ class Dist:
     kinds of the kernel's scalar arguments ('f' double, 'i' long long);
     ``prep``: C lines turning them into the values function's parameters
     ``params`` (C declarations); ``body``: C lines computing ``v[j]`` from
-    ``r[4]`` (and the input values ``a[j]``)."""
+    ``r[4]`` (and the input values ``a[j]``); ``tables``: the float32
+    tables (TABLES) it reads, passed to the values function by their shared
+    names."""
 
-    def __init__(self, layout, value, scalars, prep, params, body, input_dtype=None):
+    def __init__(self, layout, value, scalars, prep, params, body, input_dtype=None, tables=()):
         self.layout, self.value, self.scalars = layout, value, tuple(scalars)
-        self.prep, self.params, self.body = prep, params, body
+        self.tables = tuple(tables)
+        self.prep = prep
+        self.params = list(params) + [f"const {TABLES[t][0]}* {TABLES[t][2]}" for t in self.tables]
+        self.body = body
         self.input_dtype = input_dtype
 
     @property
@@ -250,25 +300,26 @@ def normal_dist(out):
     _require_float(out, "normal")
     c = _compute(out)
     add, mul = _ops(c)
-    sfx = "f" if c == "float" else "d"
     if c == "float":
         u1 = f"__fmul_rn(__uint2float_rn((r[2 * p] >> 8) + 1u), {literal(2.0 ** -24, c)})"
-        angle = "r[2 * p + 1] >> 8"
-        sqrt = "__fsqrt_rn"
+        sincos = "tp_rng_sincos_2pi_f(r[2 * p + 1] >> 8, sincos_tab, &cs, &sn)"
+        log = "tp_rng_log_f(u1, log_tab)"
+        sqrt, tables = "__fsqrt_rn", ("sincos", "log")
     else:
         u1 = f"__dmul_rn(__dadd_rn(__uint2double_rn(r[2 * p]), 1.0), {literal(2.0 ** -32, c)})"
-        angle = "r[2 * p + 1]"
-        sqrt = "__dsqrt_rn"
+        sincos = "tp_rng_sincos_2pi_d(r[2 * p + 1], &cs, &sn)"
+        log = "tp_rng_log_d(u1)"
+        sqrt, tables = "__dsqrt_rn", ()
     body = ["for (int p = 0; p < 2; ++p) {",
             f"  const {c} u1 = {u1};",
             f"  {c} cs, sn;",
-            f"  tp_rng_sincos_2pi_{sfx}({angle}, &cs, &sn);",
-            f"  const {c} rad = {sqrt}({mul}(tp_rng_log_{sfx}(u1), {literal(-2.0, c)}));",
+            f"  {sincos};",
+            f"  const {c} rad = {sqrt}({mul}({log}, {literal(-2.0, c)}));",
             f"  v[2 * p] = {add}({mul}({mul}(rad, cs), stdv), mean);",
             f"  v[2 * p + 1] = {add}({mul}({mul}(rad, sn), stdv), mean);",
             "}"]
     return Dist(_philox.BOX_MULLER, c, "ff", [f"const {c} mean = ({c})s0, stdv = ({c})s1;"],
-                [f"{c} mean", f"{c} stdv"], body)
+                [f"{c} mean", f"{c} stdv"], body, tables=tables)
 
 
 def exponential_dist(out):
@@ -276,24 +327,23 @@ def exponential_dist(out):
     _require_float(out, "exponential")
     c = _compute(out)
     mul = _ops(c)[1]
-    sfx = "f" if c == "float" else "d"
     tiniest = literal(_philox.TINIEST[out.name], c)
     if out is dt.float64:
         step = 2.0 ** -53
         u = f"__dmul_rn(__ull2double_rn((tp_rng_w64(r, j) >> 11) + 1ull), {literal(step, c)})"
-        n, layout, div = 2, _philox.W64, "__ddiv_rn"
+        n, layout, div, log, tables = 2, _philox.W64, "__ddiv_rn", "tp_rng_log_d(u)", ()
     else:
         step = 2.0 ** -24
         u = f"__fmul_rn(__uint2float_rn((r[j] >> 8) + 1u), {literal(step, c)})"
-        n, layout, div = 4, _philox.W32, "__fdiv_rn"
+        n, layout, div, log, tables = 4, _philox.W32, "__fdiv_rn", "tp_rng_log_f(u, log_tab)", ("log",)
     body = [f"for (int j = 0; j < {n}; ++j) {{",
             f"  const {c} u = {u};",
-            f"  const {c} lg = u == {literal(1.0, c)} ? {literal(-step / 2, c)} : tp_rng_log_{sfx}(u);",
+            f"  const {c} lg = u == {literal(1.0, c)} ? {literal(-step / 2, c)} : {log};",
             f"  const {c} x = {mul}(neg_inv_lambd, lg);",
             f"  v[j] = x < {tiniest} ? {tiniest} : x;",
             "}"]
     return Dist(layout, c, "f", [f"const {c} neg_inv_lambd = {div}({literal(-1.0, c)}, ({c})s0);"],
-                [f"{c} neg_inv_lambd"], body)
+                [f"{c} neg_inv_lambd"], body, tables=tables)
 
 
 _UNIT_DOUBLE = f"__dmul_rn(__uint2double_rn(r[j]), {literal(2.0 ** -32, 'double')})"
@@ -395,6 +445,13 @@ def kernel_source(name, op, out, variant=None):
              "  const unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);",
              "  const unsigned int o0 = (unsigned int)offset, o1 = (unsigned int)(offset >> 32);"]
     lines += ["  " + p for p in dist.prep]
+    for t in dist.tables:
+        ctype, glob, shared, rows_of = TABLES[t]
+        n_rows = len(rows_of(_philox.F32))
+        lines += [f"  __shared__ {ctype} {shared}[{n_rows}];",
+                  f"  for (int i = threadIdx.x; i < {n_rows}; i += blockDim.x) {shared}[i] = {glob}[i];"]
+    if dist.tables:
+        lines.append("  __syncthreads();")
     lines += [f"  const long long nblocks = (n + {per - 1}) / {per};",
               f"  const bool vectors = ({mask}) == 0;",
               "  for (long long b = blockIdx.x * (long long)blockDim.x + threadIdx.x; b < nblocks;",
@@ -427,7 +484,8 @@ def kernel_source(name, op, out, variant=None):
               "  }",
               "  tp_rng_advance(st, offset);",
               "}"]
-    return (codegen.PREAMBLE + codegen.VECTOR_PREAMBLE + STATE_SOURCE + math_source() + values_source(dist)
+    return (codegen.PREAMBLE + codegen.VECTOR_PREAMBLE + STATE_SOURCE + math_source(dist.tables)
+            + values_source(dist)
             + "\n".join(lines) + "\n")
 
 

@@ -213,7 +213,83 @@ class FloatMath:
         return cos, sin
 
 
-F32 = FloatMath(np.float32, 23, 8, log_terms=5, cos_terms=6, sin_terms=6)
+class TableMath32(FloatMath):
+    """float32's log and sin/cos from small tables (what the kernels hold in
+    shared memory): a third of the operations of the polynomials, which made
+    the normal kernel compute-bound.
+
+    ``log``: as FloatMath, ``m`` in [sqrt(1/2), sqrt(2)); the bucket ``j`` of
+    ``m`` (its float's exponent bit and top 7 fraction bits) gives a centre
+    ``c`` (1 itself for the two buckets beside 1, so that logs near 0 stay
+    relatively exact), ``1/c`` and ``log c``; ``r = (m - c) / c`` (``m - c``
+    is exact, Sterbenz; then one product by ``1/c``) is below 2**-7, and
+    ``log(m) = log c + r - r**2 / 2 + r**3 / 3 - r**4 / 4``.
+
+    ``sin`` / ``cos`` of ``2 pi k / 2**24``: the top 12 bits of ``k`` index
+    a table of the 4096 turns' (cos, sin), exactly symmetric; the low 12
+    bits give ``b < 2 pi 2**-12``, with ``cos b = 1 - b**2 / 2`` and ``sin b =
+    b - b**3 / 6`` (the next terms are below 2**-40); then the sum formulas."""
+
+    SINCOS_BITS = 12
+    LOG_BUCKETS = 256
+
+    def __init__(self):
+        super().__init__(np.float32, 23, 8, log_terms=0, cos_terms=0, sin_terms=0)
+        t = np.float32
+        n = 1 << self.SINCOS_BITS
+        quarter = n // 4
+        first = np.array([(math.cos(math.pi * i / (n // 2)), math.sin(math.pi * i / (n // 2)))
+                          for i in range(quarter)], dtype=np.float64).astype(t)
+        first[0] = (1.0, 0.0)
+        tab = np.empty((n, 2), dtype=t)
+        tab[:quarter] = first                                   # the other quarters by exact symmetry
+        tab[quarter:2 * quarter] = np.stack([-first[:, 1], first[:, 0]], axis=1)
+        tab[2 * quarter:3 * quarter] = -first
+        tab[3 * quarter:] = np.stack([first[:, 1], -first[:, 0]], axis=1)
+        self.sincos_table = tab
+        self.sincos_step = t(2.0 * math.pi * 2.0 ** -24)
+        self.sin_coef = t(1.0 / 6.0)
+        lo = (np.arange(self.LOG_BUCKETS, dtype=np.uint32) << np.uint32(16)) | np.uint32(0x3F000000)
+        edge = lo.view(t)
+        width = np.where(np.arange(self.LOG_BUCKETS) < 128, t(2.0 ** -8), t(2.0 ** -7))
+        centre = (edge + width * t(0.5)).astype(t)              # exact: 9 significant bits
+        centre[0x7F] = centre[0x80] = t(1.0)
+        self.log_table = np.stack([centre, (1.0 / centre.astype(np.float64)).astype(t),
+                                   np.log(centre.astype(np.float64)).astype(t),
+                                   np.zeros(self.LOG_BUCKETS, dtype=t)], axis=1)
+        self.log1p_coefs = (t(-0.5), t(1.0 / 3.0), t(-0.25))
+
+    def log(self, u):
+        t = self.type
+        bits = np.ascontiguousarray(u, dtype=t).view(np.uint32)
+        e = (bits >> np.uint32(23)).astype(np.int64) - self.bias
+        m = ((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000)).view(t)
+        big = m > self.sqrt2
+        m = np.where(big, m * t(0.5), m)
+        e = np.where(big, e + 1, e)
+        row = self.log_table[(m.view(np.uint32) >> np.uint32(16)) & np.uint32(0xFF)]
+        r = (m - row[..., 0]) * row[..., 1]
+        c2, c3, c4 = self.log1p_coefs
+        q = (r * c4 + c3) * r
+        l1p = r + (r * r) * (q + c2)
+        ef = e.astype(t)
+        return (ef * self.ln2_hi + row[..., 2]) + (ef * self.ln2_lo + l1p)
+
+    def sincos_2pi(self, k, bits):
+        if bits != 24:
+            raise ValueError("the float32 table sin/cos takes 24-bit angles")
+        t = self.type
+        k = np.asarray(k, dtype=np.uint32)
+        row = self.sincos_table[k >> np.uint32(12)]
+        b = (k & np.uint32(0xFFF)).astype(t) * self.sincos_step
+        b2 = b * b
+        cb = t(1.0) - b2 * t(0.5)
+        sb = b - (b * b2) * self.sin_coef
+        ca, sa = row[..., 0], row[..., 1]
+        return ca * cb - sa * sb, sa * cb + ca * sb
+
+
+F32 = TableMath32()
 F64 = FloatMath(np.float64, 52, 11, log_terms=11, cos_terms=10, sin_terms=10)
 
 
