@@ -159,7 +159,7 @@ def fake(monkeypatch):
     for mod in (_tensor, _creation):
         monkeypatch.setattr(mod, "_resolve_device", resolve)
     monkeypatch.setattr(_tensor, "_cuda_device_index", lambda device=None: 0)
-    for mod in (_tensor, _kernels, _indexing):
+    for mod in (_tensor, _indexing):
         monkeypatch.setattr(mod, "current_stream_handle_of", lambda d: STREAM)
     monkeypatch.setattr(_kernels, "cached_function", dev.function)
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)

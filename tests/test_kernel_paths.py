@@ -276,7 +276,6 @@ def test_transposing_copies_launch_the_tiled_kernel(monkeypatch):
     rec = _Launches()
     monkeypatch.setattr(_kernels, "cached_function", rec.function)
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
-    monkeypatch.setattr(_kernels, "current_stream_handle_of", lambda dev: 0)
     src = _fake((8192, 8192), tp.float32, 0x100000, (1, 8192))                 # x.t()
     dst = _fake((8192, 8192), tp.float32, 0x100000 + 8192 * 8192 * 4)
     tp._tensor.copy_into(dst, src)
@@ -319,7 +318,6 @@ def counted(monkeypatch):
     monkeypatch.setattr(_kernels, "cached_function", rec.function)
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
     monkeypatch.setitem(_kernels._sm_cache, 1, 132)
-    monkeypatch.setattr(_kernels, "current_stream_handle_of", lambda dev: 0)
     return rec
 
 

@@ -5,7 +5,9 @@ DLPack is tensorplay._dlpack, the raw memory copies tensorplay._memcpy; both
 sit above this module.
 """
 
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uintptr_t
+from libcpp.vector cimport vector
 
 from tensorplay._stream cimport current_stream_handle
 from tensorplay._alloc cimport note_capture_use, open_capture_count
@@ -235,3 +237,52 @@ cdef class TensorBase:
             # the legacy default stream is 1 in the protocol (0 is disallowed)
             "stream": 1 if s == 0 else s,
         }
+
+
+# ---------------------------------------------------------------- plan keys
+
+cdef inline void _append(vector[char]& buf, const void* data, size_t n) noexcept:
+    cdef const char* c = <const char*>data
+    buf.insert(buf.end(), c, c + n)
+
+
+cdef bint _append_cuda_tensor(vector[char]& buf, char tag, object x) noexcept:
+    """Append a CUDA tensor's dtype, device, shape and strides; False for
+    anything else."""
+    cdef TensorBase t
+    if not isinstance(x, TensorBase):
+        return False
+    t = <TensorBase>x
+    if t._device_type != DEVICE_CUDA:
+        return False
+    buf.push_back(tag)
+    buf.push_back(<char>t._dtype_code)
+    buf.push_back(<char>t._ndim)
+    _append(buf, &t._device_index, sizeof(int))
+    _append(buf, t._shape, sizeof(int64_t) * t._ndim)
+    _append(buf, t._strides, sizeof(int64_t) * t._ndim)
+    return True
+
+
+def plan_key(op, tuple operands, out, bint inplace):
+    """The plan-cache key of elementwise ``op`` over ``operands`` into
+    ``out`` (None: a new tensor): ``(op, inplace, bytes)``, the bytes laying
+    out each operand's scalar type (bool, int or float exactly) or CUDA
+    tensor dtype, device, shape and strides, then out's; None for a call
+    that is not planned (a CPU tensor, another scalar type). One bytes
+    object instead of nested tuples keeps the per-op host cost low."""
+    cdef vector[char] buf
+    buf.reserve(64)
+    for x in operands:
+        tx = type(x)
+        if tx is bool:
+            buf.push_back(b"b"[0])
+        elif tx is int:
+            buf.push_back(b"i"[0])
+        elif tx is float:
+            buf.push_back(b"f"[0])
+        elif not _append_cuda_tensor(buf, b"t"[0], x):
+            return None
+    if out is not None and not _append_cuda_tensor(buf, b"o"[0], out):
+        return None
+    return (op, inplace, PyBytes_FromStringAndSize(buf.data(), buf.size()))

@@ -18,8 +18,7 @@ import threading
 from collections import OrderedDict
 
 from .._cuda import get_device_capability, get_device_properties
-from .._kernel import Module
-from .._stream import current_stream_handle_of
+from .._kernel import LaunchPacker, Module
 from . import codegen as _codegen, nvrtc as _nvrtc
 
 BLOCK = 256
@@ -283,14 +282,13 @@ class LaunchPlan:
     costs nothing more on the host. ``grid`` and ``block`` given are taken
     as they are (the tiled copy's tiles)."""
 
-    __slots__ = ("f", "dev", "n", "fmt", "geom", "grid", "block", "_pack")
+    __slots__ = ("f", "dev", "n", "fmt", "geom", "grid", "block", "launch", "launch_operands")
 
     def __init__(self, f, dev, n, nptrs, kinds, shape, strides, itemsizes=(), grid=None, block=BLOCK):
         self.f = f
         self.dev = dev
         self.n = n
         self.fmt = "<" + "Q" * nptrs + "q" + "".join("d" if k == "f" else "q" for k in kinds)
-        self._pack = struct.Struct(self.fmt).pack
         flat = list(shape)
         for st in strides:
             flat.extend(st)
@@ -302,17 +300,11 @@ class LaunchPlan:
         else:
             self.grid = grid_for(n, dev)
         self.block = block
-
-    def launch(self, ptrs, scalars, stream=None):
-        """Launch over ``ptrs`` and ``scalars`` on ``stream`` (a handle; None:
-        the current stream of the plan's device), cuLaunchKernel."""
-        try:
-            params = self._pack(*ptrs, self.n, *scalars) + self.geom
-        except struct.error as exc:
-            raise OverflowError(f"a scalar does not fit the kernel's argument type: {exc}") from None
-        if stream is None:
-            stream = current_stream_handle_of(self.dev)
-        self.f.launch(self.grid, self.block, params, 0, stream)
+        # launch(ptrs, scalars, stream=None) and launch_operands(out, operands,
+        # tensor_pos, scalar_pos): the buffer laid out, cuLaunchKernel, all compiled
+        packer = LaunchPacker(f, dev, n, nptrs, kinds, self.geom, self.grid, block)
+        self.launch = packer.launch
+        self.launch_operands = packer.launch_operands
 
 
 def geometry(shape, strides_list):

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _dtypes as dt
 from .._tensor import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
+from .._tensor_base import plan_key as _plan_key
 from .._kernels import cache as _kernels, codegen as _codegen
 from ._promotion import can_cast, result_type
 
@@ -257,43 +258,17 @@ def _prepare_out(out, shape, result, device, op):
 # cache), keyed by op and the operands' dtypes, shapes, strides and scalar
 # types: a repeated call skips promotion, broadcasting and geometry, and only
 # packs pointers and scalars.
+# (_plan_key, compiled: the op, in-place flag and one bytes object of the
+# operands' scalar types and CUDA tensors' dtype, device, shape and strides)
 _get_plan = _kernels.plans.get
 _put_plan = _kernels.plans.put
-_SCALAR_TYPES = (bool, int, float)
-
-
-def _plan_key(op, operands, out, inplace):
-    """The plan-cache key of ``op`` over ``operands`` into ``out``, or None
-    for a call that is not planned (a CPU tensor, another scalar type)."""
-    key = [op, inplace]
-    for x in operands:
-        tx = type(x)
-        if tx in _SCALAR_TYPES:
-            key.append(tx)
-        elif isinstance(x, Tensor) and x.is_cuda:
-            key.append((x._dtype_code, x.shape, x.strides, x._device_index))
-        else:
-            return None
-    if out is not None:
-        if not (isinstance(out, Tensor) and out.is_cuda):
-            return None
-        key.append((out._dtype_code, out.shape, out.strides, out._device_index))
-    return tuple(key)
 
 
 def _run_plan(plan, operands, out):
     """Launch ElementwisePlan ``plan`` over ``operands`` into ``out`` (allocated when None)."""
     if out is None:
         out = _empty_cuda(plan.shape, plan.dtype, plan.device)
-    ptrs = [out.data_ptr()]
-    for k in plan.tensor_pos:
-        ptrs.append(operands[k].data_ptr())
-    if plan.scalar_pos:
-        scalars = [float(operands[k]) if kind == "f" else int(operands[k])
-                   for k, kind in zip(plan.scalar_pos, plan.scalar_kinds)]
-    else:
-        scalars = ()
-    plan.launch_plan.launch(ptrs, scalars)
+    plan.launch_plan.launch_operands(out, operands, plan.tensor_pos, plan.scalar_pos)
     return out
 
 
