@@ -54,6 +54,8 @@ cdef class Rebinder:
     cdef tuple _bound                     # (inputs, outputs) bound now: kept alive until the next call
     cdef uintptr_t _last_stream           # the stream of the last launch
     cdef vector[uintptr_t] _given_prev    # the addresses of the tensors in _bound
+    cdef vector[uintptr_t] _given         # this call's: the tensors' addresses, reused per call
+    cdef vector[uintptr_t] _ptrs          # this call's: what each slot points at (given or static)
     cdef readonly bint rebound            # the executable reads other tensors than the statics
     cdef readonly Py_ssize_t patch_calls  # cuGraphExecKernelNodeSetParams calls made (tests)
 

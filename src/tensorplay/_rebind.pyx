@@ -125,7 +125,8 @@ cdef class Rebinder:
         copy the others in (inputs) and out (outputs) around the launch."""
         cdef Py_ssize_t k, n = self._n, n_in = self._n_in, nin_fast = 0, nout_fast = 0
         cdef TensorBase t
-        cdef vector[uintptr_t] ptrs, given
+        cdef uintptr_t* ptrs
+        cdef uintptr_t* given
         cdef unsigned long long in_max = 0, out_max = 0
         cdef list slow_in = None, slow_out = None
         if (type(inputs) is not list and type(inputs) is not tuple) or \
@@ -135,8 +136,11 @@ cdef class Rebinder:
         if len(inputs) != n_in or len(inputs) + len(outputs) != n:
             raise ValueError(f"rebind_and_launch: {n_in} static inputs and {n - n_in} static outputs but "
                              f"{len(inputs)} inputs and {len(outputs)} outputs")
-        ptrs.resize(n)
-        given.resize(n)
+        # member buffers: no allocation per call
+        self._ptrs.resize(n)
+        self._given.resize(n)
+        ptrs = self._ptrs.data()
+        given = self._given.data()
         for k in range(n):
             obj = inputs[k] if k < n_in else outputs[k - n_in]
             if not isinstance(obj, TensorBase):
@@ -174,19 +178,21 @@ cdef class Rebinder:
                 if slow_out is None:
                     slow_out = []
                 slow_out.append(k)
-        self._check_aliasing(given.data(), ptrs.data())
+        # the same addresses as last call: checked then, and the tensors kept
+        # then hold this memory
+        cdef bint same = self._bound is not None and \
+            memcmp(given, self._given_prev.data(), n * sizeof(uintptr_t)) == 0
+        if not same:
+            self._check_aliasing(given, ptrs)
         if slow_in is not None:
             for k in slow_in:
                 self._copy(self._statics[k], inputs[k])
-        # the same addresses as last call: the tensors kept then hold this memory
-        cdef bint same = self._bound is not None and \
-            memcmp(given.data(), self._given_prev.data(), n * sizeof(uintptr_t)) == 0
         previous = self._bound
         if not same:
             # the nodes may point at these before the launch succeeds: keep
             # them alive with the previous ones until it has
             self._bound = (tuple(inputs), tuple(outputs), previous)
-        self._bind(ptrs.data())
+        self._bind(ptrs)
         self._in_table[0] = nin_fast
         self._out_table[0] = nout_fast
         with nogil:
@@ -204,7 +210,7 @@ cdef class Rebinder:
                 self._copy(outputs[k - n_in], self._statics[k])
         if not same:
             self._bound = self._bound[:2]
-            self._given_prev = given
+            self._given_prev.swap(self._given)
             if previous is not None:
                 _retire(previous, self._bound, <uintptr_t>stream)
         self._last_stream = <uintptr_t>stream
