@@ -20,7 +20,7 @@ captures one graph of an MLP step per batch size (1 to 512) into one shared
 pool, largest first, as LLM servers do: capture time, reserved memory
 (second, after memory, so that no other section's cached blocks are in its
 baselines) and replay GPU time at batch 1 and 512. The random section times
-rand and randn of 64 Mi float32 on the GPU against PyTorch's, and the host
+rand, randn and exponential_ of 64 Mi float32 on the GPU against PyTorch's, and the host
 time per replay of a graph with a random op in it. The recapture section
 times a re-capture of 100 and 1000 small nodes into a graph that has an
 executable (capture_end updates it, cuGraphExecUpdate) against reset() then
@@ -1505,7 +1505,7 @@ def _moments_error(y, mean, std):
 
 
 def random_rows(quick, torch, repeats, calls):
-    """rand and randn of 64 Mi float32: GPU time per call against PyTorch's
+    """rand, randn and exponential_ of 64 Mi float32: GPU time per call against PyTorch's
     (CUDA events around back-to-back calls, as the work section; each
     library's output checked for its distribution's moments first). Then the
     host time per replay of a graph drawing ``x = rand(1 Mi) * 2``, beside
@@ -1517,14 +1517,22 @@ def random_rows(quick, torch, repeats, calls):
     rounds, target_ms = (5, 10.0) if quick else (15, 25.0)
     n = RANDOM_N
     libraries = [("tensorplay", tp)] + ([("PyTorch", torch)] if torch is not None else [])
-    for case, fname, mean, std in (("rand 64Mi float32", "rand", 0.5, 1 / math.sqrt(12)),
-                                   ("randn 64Mi float32", "randn", 0.0, 1.0)):
+    def drawing(fname):
+        return lambda lib, g: (lambda: getattr(lib, fname)(n, device="cuda", generator=g))
+
+    def exponential(lib, g):
+        x = lib.empty(n, device="cuda")
+        return lambda: x.exponential_(generator=g)
+
+    for case, make, mean, std in (("rand 64Mi float32", drawing("rand"), 0.5, 1 / math.sqrt(12)),
+                                  ("randn 64Mi float32", drawing("randn"), 0.0, 1.0),
+                                  ("exponential_ 64Mi float32 (no target)", exponential, 1.0, 1.0)):
         fns = {}
         for name, lib in libraries:
             @guarded(section, case, name)
             def _build():
                 gen = lib.Generator("cuda").manual_seed(0)
-                fn = (lambda f, g: lambda: f(n, device="cuda", generator=g))(getattr(lib, fname), gen)
+                fn = make(lib, gen)
                 for _ in range(3):                     # compile, plan, fill caches
                     y = fn()
                 lib.cuda.synchronize()
