@@ -354,3 +354,17 @@ def test_conditional_bodies_after_an_in_place_update_are_copied_and_correct(rng)
         pred.fill_(p)
         g.rebind_and_launch([x], [xin], [y], [out])
         np.testing.assert_allclose(out.numpy(), expect, rtol=1e-6)
+
+
+def test_describe_says_which_static_tensors_are_rebindable():
+    g, x, y = _affine_graph()
+    d = g.describe([x], [y])
+    assert d["rebindable"] == {"inputs": [True], "outputs": [True]}
+    assert [n["kind"] for n in d["nodes"]].count("kernel") >= 1
+    assert "rebindable" not in g.describe()
+    # an output a memcpy node writes (contiguous copy_) is copied, not rebound
+    z = tp.zeros(N, device="cuda")
+    h = CUDAGraph()
+    with tp.cuda.graph(h):
+        z.copy_(x * 3.0)
+    assert h.describe([x], [z])["rebindable"] == {"inputs": [True], "outputs": [False]}

@@ -200,7 +200,8 @@ class CUDAGraph(CUDAGraphBase):
         """Keep full node attributes for :meth:`debug_dump` (call before capturing)."""
         self._debug_mode = True
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, static_inputs: Sequence[Any] | None = None,
+                 static_outputs: Sequence[Any] = ()) -> dict[str, Any]:
         """Return the captured graph as plain data (nodes, edges, conditional bodies).
 
         The description is read back from the driver (cuGraphGetNodes,
@@ -219,8 +220,19 @@ class CUDAGraph(CUDAGraphBase):
              "edges": [[from_id, to_id], ...]}
 
         Attributes beyond sizes are present when debug mode was enabled.
+
+        With ``static_inputs`` (and ``static_outputs``) given, the description
+        also says, for each, whether :meth:`rebind_and_launch` rebinds it
+        without a copy (see :meth:`rebindable`)::
+
+            "rebindable": {"inputs": [bool, ...], "outputs": [bool, ...]}
         """
-        return self._describe(getattr(self, "_debug_mode", False))
+        description = self._describe(getattr(self, "_debug_mode", False))
+        if static_inputs is not None:
+            flags = self.rebindable(static_inputs, static_outputs)
+            n_in = len(static_inputs)
+            description["rebindable"] = {"inputs": flags[:n_in], "outputs": flags[n_in:]}
+        return description
 
     def debug_dump(self, path: str | os.PathLike[str]) -> str:
         """Write a picture of the captured graph to ``path`` and return the path written.
