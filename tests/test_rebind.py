@@ -184,25 +184,38 @@ def test_rebinding_inside_conditional_bodies(rng):
     assert g.rebindable([x], [y]) == [True, False]
 
 
-def test_rebinding_inside_if_else_bodies(rng):
+def _if_else_graph(scales=(2.0,)):
+    """y = x * scale if pred else -x, captured once per scale into one graph
+    (a re-capture after the first); returns g, x, y, pred."""
     x = tp.zeros(N, device="cuda")
     y = tp.zeros(N, device="cuda")
     pred = tp.ones(1, dtype=tp.bool, device="cuda")
     (x * 2.0)
     tp.cuda.synchronize()
     g = CUDAGraph()
-    with tp.cuda.graph(g):
-        with g.if_else(pred) as (then, otherwise):
-            with then:
-                tp.mul(x, 2.0, out=y)
-            with otherwise:
-                tp.mul(x, -1.0, out=y)
+    for scale in scales:
+        with tp.cuda.graph(g):
+            with g.if_else(pred) as (then, otherwise):
+                with then:
+                    tp.mul(x, scale, out=y)
+                with otherwise:
+                    tp.mul(x, -1.0, out=y)
+    return g, x, y, pred
+
+
+def _check_if_else_rebinding(g, x, y, pred, scale, rng):
+    """Both branches, rebound onto a new input and output, give the values."""
     a = rng.standard_normal(N).astype(np.float32)
     xin, out = _cuda(a), tp.empty(N, device="cuda")
-    for p, expect in ((True, a * 2), (False, -a)):
+    for p, expect in ((True, a * scale), (False, -a)):
         pred.fill_(p)
         g.rebind_and_launch([x], [xin], [y], [out])
         np.testing.assert_allclose(out.numpy(), expect, rtol=1e-6)
+
+
+def test_rebinding_inside_if_else_bodies(rng):
+    g, x, y, pred = _if_else_graph()
+    _check_if_else_rebinding(g, x, y, pred, 2.0, rng)
     assert g.rebindable([x], [y]) == [True, True]
     assert not y.numpy().any()          # both bodies wrote the caller's tensor
 
@@ -333,27 +346,10 @@ def test_recapture_updated_in_place_stays_rebindable():
 def test_conditional_bodies_after_an_in_place_update_are_copied_and_correct(rng):
     # the executable's bodies are the first capture's, which the driver does
     # not show: their tensors fall back to the copy path, still correct
-    x = tp.zeros(N, device="cuda")
-    y = tp.zeros(N, device="cuda")
-    pred = tp.ones(1, dtype=tp.bool, device="cuda")
-    (x * 2.0)
-    tp.cuda.synchronize()
-    g = CUDAGraph()
-    for scale in (2.0, 3.0):
-        with tp.cuda.graph(g):
-            with g.if_else(pred) as (then, otherwise):
-                with then:
-                    tp.mul(x, scale, out=y)
-                with otherwise:
-                    tp.mul(x, -1.0, out=y)
+    g, x, y, pred = _if_else_graph((2.0, 3.0))
     updated = g.update_result == "success"      # (a driver may refuse to update conditional nodes)
     assert g.rebindable([x], [y]) == [not updated, not updated]
-    a = rng.standard_normal(N).astype(np.float32)
-    xin, out = _cuda(a), tp.empty(N, device="cuda")
-    for p, expect in ((True, a * 3), (False, -a)):
-        pred.fill_(p)
-        g.rebind_and_launch([x], [xin], [y], [out])
-        np.testing.assert_allclose(out.numpy(), expect, rtol=1e-6)
+    _check_if_else_rebinding(g, x, y, pred, 3.0, rng)
 
 
 def test_describe_says_which_static_tensors_are_rebindable():
