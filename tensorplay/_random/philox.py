@@ -280,8 +280,9 @@ class TableMath32(FloatMath):
             raise ValueError("the float32 table sin/cos takes 24-bit angles")
         t = self.type
         k = np.asarray(k, dtype=np.uint32)
-        row = self.sincos_table[k >> np.uint32(12)]
-        b = (k & np.uint32(0xFFF)).astype(t) * self.sincos_step
+        low = 24 - self.SINCOS_BITS                    # the bits below the table's turn, as the C
+        row = self.sincos_table[k >> np.uint32(low)]
+        b = (k & np.uint32((1 << low) - 1)).astype(t) * self.sincos_step
         b2 = b * b
         cb = t(1.0) - b2 * t(0.5)
         sb = b - (b * b2) * self.sin_coef
