@@ -1737,7 +1737,7 @@ def parse_sections(only, ap):
 def cublaslt_version():
     """tensorplay's loaded cuBLASLt (cublasLtGetVersion), None when not loaded."""
     try:
-        from tensorplay._ops import _blas
+        from tensorplay._ops import blas as _blas
         return _blas.version()
     except Exception:
         return None

@@ -11,8 +11,8 @@ import timeit
 
 import tensorplay as tp
 from tensorplay._kernels import cache as _kernels
-from tensorplay._ops import _elementwise
-from tensorplay.cuda import _custom
+from tensorplay._ops import elementwise as _elementwise
+from tensorplay._ops import custom as _custom
 
 
 class _NoOp:
@@ -22,7 +22,7 @@ class _NoOp:
 
 def fake(shape, dtype, ptr=0x100000, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 

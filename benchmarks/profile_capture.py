@@ -91,7 +91,7 @@ def launch_floors(x, n, repeats):
     of x.add_(1) (what the front end ends in), and the bare Function.launch
     of a packed buffer (cuLaunchKernel's own capture cost, nearly)."""
     from tensorplay._kernels import cache
-    from tensorplay._ops import _elementwise
+    from tensorplay._ops import elementwise as _elementwise
     plan = cache.plans.get(_elementwise._plan_key("add", (x, 1), x, True))
     lp = plan.launch_plan
     params = struct.pack(lp.fmt, x.data_ptr(), x.data_ptr(), lp.n, 1) + lp.geom

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import tensorplay as tp
-from tensorplay._stax import cudagraphs
+from tensorplay._graph import cudagraphs
 
 
 def main() -> int:

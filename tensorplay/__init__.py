@@ -3,29 +3,30 @@
 
 from __future__ import annotations
 
-from . import cuda
-from ._device import device
-from ._dtypes import (ALL_DTYPES, bfloat16, bool_, dtype, float16, float32, float64, int8, int16,
+from tensorplay import cuda
+from tensorplay._device import device
+from tensorplay._dtypes import (ALL_DTYPES, bfloat16, bool_, dtype, float16, float32, float64, int8, int16,
                       int32, int64, uint8)
-from ._interop import as_tensor, from_dlpack
-from ._config import config, show_config
-from ._kernels.nvrtc import NVRTCError
-from ._version import __version__  # written by meson from meson.build
-from ._tensor import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
+from tensorplay._tensor.interop import as_tensor, from_dlpack
+from tensorplay._config import config, show_config
+from tensorplay._kernels.nvrtc import NVRTCError
+from tensorplay._version import __version__  # written by meson from meson.build
+from tensorplay._tensor.tensor import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
                       ones_like, tensor, zeros, zeros_like)
 
-from ._ops import _methods as _methods_mod
-from ._ops._distributions import bernoulli, dropout, rand, rand_like, randint, randint_like, randn, randn_like
-from ._random.generator import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed,
+from tensorplay._ops import methods as _methods_mod
+from tensorplay._ops.distributions import bernoulli, dropout, rand, rand_like, randint, randint_like, randn, randn_like
+from tensorplay._random.generator import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed,
                                 set_rng_state)
-from . import nn
-from . import return_types, types
-from ._ops._promotion import can_cast, promote_types, result_type
-from ._ops._blas import get_float32_matmul_precision, set_float32_matmul_precision
-from . import backends
+from tensorplay import nn
+from tensorplay import return_types
+from tensorplay import types
+from tensorplay._ops.promotion import can_cast, promote_types, result_type
+from tensorplay._ops.blas import get_float32_matmul_precision, set_float32_matmul_precision
+from tensorplay import backends
 # importing _indexing registers its device-side index-error check with every host read
-from ._ops._indexing import check_device_errors as _check_device_errors  # noqa: F401
-from .cuda._custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in tensorplay.cuda)
+from tensorplay._ops.indexing import check_device_errors as _check_device_errors  # noqa: F401
+from tensorplay._ops.custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in tensorplay.cuda)
 
 _methods_mod.install(Tensor)
 globals().update(_methods_mod.FUNCTIONS)

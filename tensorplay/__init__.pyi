@@ -14,12 +14,12 @@ from . import nn as nn
 from . import return_types as return_types
 from . import types as types
 from ._device import device as device
+from ._driver.stream import Stream
 from ._dtypes import dtype as dtype
 from ._kernels.nvrtc import NVRTCError as NVRTCError
+from ._ops.custom import ElementwiseKernel as ElementwiseKernel, RawKernel as RawKernel
 from ._random.generator import Generator as Generator
-from ._stream import Stream
-from ._tensor_base import TensorBase
-from .cuda._custom import ElementwiseKernel as ElementwiseKernel, RawKernel as RawKernel
+from ._tensor.base import TensorBase
 from .types import Activation, DTypeLike, DeviceLike, Dims, Number, Size, TensorOrNumber
 
 __version__: str

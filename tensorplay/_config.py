@@ -9,9 +9,10 @@ import platform
 import sys
 from typing import IO, Any
 
-from . import _cuda, cuda
-from ._kernels import nvrtc as _nvrtc
-from ._version import __version__
+from tensorplay._driver import context as _cuda
+from tensorplay import cuda
+from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._version import __version__
 
 # The distributions tensorplay runs on, by their names on PyPI; nvidia-cublas
 # is optional (matrix products load it when it is installed).
@@ -86,7 +87,7 @@ def config() -> dict[str, Any]:
                         f"{_human_bytes(total)}{note})")
     info["gpus"] = gpus
     info["cuda"] = cuda.unavailable_reason()
-    info["kernel_cache"] = {k: v for k, v in _nvrtc.cache_info().items() if k in ("path", "files", "bytes")}
+    info["kernel_cache"] = {k: v for k, v in _nvrtc.kernel_cache_info().items() if k in ("path", "files", "bytes")}
     info["env"] = {k: os.environ.get(k) for k in ENV_VARS}
     return info
 

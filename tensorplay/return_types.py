@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from . import Tensor
+    from tensorplay import Tensor
 
 __all__ = ["max", "min"]
 

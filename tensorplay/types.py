@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, Union
 
 import numpy as np
 
-from ._device import device
-from ._dtypes import dtype
-from ._stream import Stream
+from tensorplay._device import device
+from tensorplay._dtypes import dtype
+from tensorplay._driver.stream import Stream
 
 if TYPE_CHECKING:
-    from . import Tensor
-    from .cuda.graphs import CUDAGraph
+    from tensorplay import Tensor
+    from tensorplay._graph.graphs import CUDAGraph
 else:
-    from ._tensor import Tensor
+    from tensorplay._tensor.tensor import Tensor
 
 __all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "Number", "PoolLike",
            "Size", "StreamLike", "SupportsCudaStream", "TensorOrNumber"]

@@ -86,7 +86,7 @@ def memory_baseline():
 
 
 def _live_allocations():
-    from tensorplay._alloc import DeviceAllocation
+    from tensorplay._memory.allocator import DeviceAllocation
     return [o for o in gc.get_objects() if type(o) is DeviceAllocation]
 
 

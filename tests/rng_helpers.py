@@ -13,7 +13,8 @@ import subprocess
 import numpy as np
 
 import tensorplay as tp
-from tensorplay._kernels import codegen, random_kernels as rk
+from tensorplay._kernels import codegen
+from tensorplay._kernels import random_kernels as rk
 
 # The 0.1% critical value of the Kolmogorov-Smirnov statistic for large n
 KS_CRITICAL = 1.95

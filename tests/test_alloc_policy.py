@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The caching allocator's block policy, driven by a fake backend (no GPU).
 
-The allocator under test is the one the GPU uses (tensorplay._alloc
+The allocator under test is the one the GPU uses (tensorplay._memory.allocator
 DeviceAllocator); only its Backend differs: FakeBackend hands out address
 ranges and events that the test completes. Stream handles are plain ints.
 """
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tensorplay._alloc import DeviceAllocator, FakeBackend, _note_capture_use, segment_bytes
+from tensorplay._memory.allocator import DeviceAllocator, FakeBackend, _note_capture_use, segment_bytes
 from tensorplay.cuda import OutOfMemoryError
 
 KiB = 1 << 10
@@ -580,7 +580,7 @@ def test_random_workloads_keep_the_invariants(seed):
 
 
 def test_the_summary_reports_counters_pools_and_fragmentation():
-    from tensorplay.cuda._memory import format_summary
+    from tensorplay._memory.summary import format_summary
     a, fb = make()
     xs = [a.allocate(4 * MiB, S0) for _ in range(5)]
     with Capture(a, fb, pool=40, cid=1100) as cap:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._stax import cudagraphs
+from tensorplay._graph import cudagraphs
 from tensorplay.cuda import CUDAGraph
 
 
@@ -138,8 +138,8 @@ def _public_objects():
     return out
 
 
-_COMPILED = {"tensorplay._cuda", "tensorplay._stream", "tensorplay._alloc", "tensorplay._tensor_base",
-             "tensorplay._dlpack", "tensorplay._memcpy", "tensorplay._kernel", "tensorplay._graph"}
+_COMPILED = {"tensorplay._driver.context", "tensorplay._driver.stream", "tensorplay._memory.allocator", "tensorplay._tensor.base",
+             "tensorplay._tensor.dlpack", "tensorplay._driver.memcpy", "tensorplay._driver.launch", "tensorplay._graph.capture"}
 _EMBEDDED = re.compile(r"^[\w.]+\(.*\)(\s*->\s*[\w\[\]., |]+)?$")   # Cython's embedsignature line
 
 

@@ -8,7 +8,8 @@ import pytest
 
 import tensorplay as tp
 from conftest import activation_reference
-from tensorplay._ops import _blas, _linalg
+from tensorplay._ops import blas as _blas
+from tensorplay._ops import linalg as _linalg
 
 
 # ------------------------------------------------------------------ layouts
@@ -122,7 +123,7 @@ def test_missing_library_names_the_package(monkeypatch):
 
 
 def test_cublas_error_carries_the_status_name():
-    from tensorplay._cublaslt import CublasError
+    from tensorplay._kernels.cublaslt import CublasError
     e = CublasError(15, "cublasLtMatmul")
     assert e.status == 15 and e.name == "CUBLAS_STATUS_NOT_SUPPORTED" and e.call == "cublasLtMatmul"
     assert "CUBLAS_STATUS_NOT_SUPPORTED" in str(e) and "cublasLtMatmul" in str(e)

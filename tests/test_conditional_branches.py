@@ -478,7 +478,7 @@ def test_debug_dump_shows_the_branch_labels(tmp_path):
 def test_a_set_kernel_that_fails_to_load_leaves_the_capture_usable():
     """The set-switch kernel is loaded before the node's handle is made: a
     failure there leaves no handle without a node, and the capture goes on."""
-    from tensorplay.cuda import graphs as _graphs
+    from tensorplay._graph import graphs as _graphs
 
     class FailingSwitchKernels(_graphs._GraphKernels):
         @staticmethod
@@ -488,7 +488,7 @@ def test_a_set_kernel_that_fails_to_load_leaves_the_capture_usable():
     _warm()
     x = tp.ones(8, device="cuda")
     index = tp.tensor([1], dtype=tp.int32, device="cuda")
-    from tensorplay._graph import CUDAGraphBase
+    from tensorplay._graph.capture import CUDAGraphBase
     g = CUDAGraph()
     CUDAGraphBase.__init__(g, FailingSwitchKernels())      # the graph layer's kernels come from here
     with tp.cuda.graph(g):

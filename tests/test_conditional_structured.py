@@ -6,8 +6,11 @@ kernels' sources and their NVRTC compilation, labelled bodies in DOT."""
 import pytest
 
 import tensorplay as tp
-from tensorplay._kernels import cache, graph_kernels, nvrtc as _nvrtc
-from tensorplay.cuda import CUDAGraph, _structured
+from tensorplay._kernels import cache
+from tensorplay._graph import kernels as graph_kernels
+from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay.cuda import CUDAGraph
+from tensorplay._graph import structured as _structured
 
 ARCH = 90
 

@@ -13,7 +13,7 @@ import traceback
 import pytest
 
 import tensorplay as tp
-from tensorplay import _cuda
+from tensorplay._driver import context as _cuda
 from tensorplay._kernels import nvrtc as _nvrtc
 from conftest import HAS_CUDA
 
@@ -128,7 +128,7 @@ def test_errors_print_their_public_path_and_pickle(err):
     line = traceback.format_exception_only(cls, err)[-1]
     assert line.startswith(f"tensorplay.cuda.{cls.__name__}: ")
     data = pickle.dumps(err)
-    assert b"tensorplay.cuda" in data and b"tensorplay._cuda" not in data
+    assert b"tensorplay.cuda" in data and b"tensorplay._driver.context" not in data
     back = pickle.loads(data)
     assert type(back) is cls and str(back) == str(err)
     if isinstance(err, tp.cuda.CudaError):
@@ -267,7 +267,7 @@ def test_config_is_a_dict_without_a_gpu_too(cache):
 # ------------------------------------------------------------ repr during a capture
 
 def test_capture_repr_names_shape_dtype_and_device():
-    from tensorplay._tensor import _capture_repr
+    from tensorplay._tensor.tensor import _capture_repr
     t = tp.zeros(4, 3, dtype=tp.float16)
     assert _capture_repr(t) == ("tensor(<captured: not readable during a CUDA graph capture>, "
                                 "shape=(4, 3), dtype=tensorplay.float16, device='cpu')")

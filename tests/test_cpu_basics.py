@@ -46,7 +46,7 @@ def test_cuda_error_is_picklable_and_named():
 
 
 def test_make_error_names_the_result_without_a_driver():
-    from tensorplay._cuda import make_error
+    from tensorplay._driver.context import make_error
     e = make_error(2)
     assert isinstance(e, tp.cuda.OutOfMemoryError)
     assert e.name == "CUDA_ERROR_OUT_OF_MEMORY"
@@ -230,7 +230,7 @@ def test_dlpack_export_import_releases_every_reference():
     """The DLPack capsule machinery needs no GPU: a CUDA-typed tensor over a fake
     address exercises export, import, consumption and release."""
     import gc
-    from tensorplay._dlpack import dlpack_import, to_capsule
+    from tensorplay._tensor.dlpack import dlpack_import, to_capsule
     t = tp.Tensor.__new__(tp.Tensor)
     t._set_cuda(None, 0x1000, (4, 3), (1, 4), tp.float32.code, 0)
     base = sys.getrefcount(t)
@@ -268,7 +268,8 @@ def test_capture_errors_name_the_open_captures():
     """A capture-related CUresult's error carries the graph layer's
     description of the open captures; other errors do not."""
     from cuda.bindings import driver
-    from tensorplay import _cuda, _graph
+    from tensorplay._driver import context as _cuda
+    from tensorplay._graph import capture as _graph
     assert _cuda.describe_open_captures() == ""          # none open
     _cuda.set_open_capture_describer(lambda: "CUDAGraph at 0x1 is capturing")
     try:

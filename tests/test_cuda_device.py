@@ -4,7 +4,7 @@ import threading
 import pytest
 
 import tensorplay as tp
-from tensorplay._cuda import _bound_device
+from tensorplay._driver.context import _bound_device
 
 pytestmark = pytest.mark.cuda
 
@@ -68,7 +68,7 @@ def test_synchronize_and_context_bound_lazily_per_thread():
 
 
 def test_driver_errors_carry_name_and_code():
-    from tensorplay._memcpy import pointer_device
+    from tensorplay._driver.memcpy import pointer_device
     with pytest.raises(tp.cuda.CudaError) as info:
         pointer_device(0x10)      # not a device pointer
     assert info.value.name.startswith("CUDA_ERROR_")

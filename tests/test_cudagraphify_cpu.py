@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import tensorplay as tp
-from tensorplay._stax import cudagraphs
+from tensorplay._graph import cudagraphs
 
 
 class FakeGraph:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._stax import cudagraphs
+from tensorplay._graph import cudagraphs
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = [pytest.mark.cuda,

@@ -60,11 +60,12 @@ def _inventory(path):
 
 def _public_names():
     import tensorplay as tp
-    from tensorplay._stax import cudagraphs
-    from tensorplay.cuda import CUDAGraph
+    from tensorplay.cuda import CUDAGraph, cudagraphs
     names = set()
-    for module in (tp, tp.cuda, cudagraphs, tp.types, tp.return_types, tp.nn.functional):
-        names.update(f"{module.__name__}.{n}" for n in module.__all__)
+    for path, module in (("tensorplay", tp), ("tensorplay.cuda", tp.cuda), ("tensorplay.cuda.cudagraphs", cudagraphs),
+                         ("tensorplay.types", tp.types), ("tensorplay.return_types", tp.return_types),
+                         ("tensorplay.nn.functional", tp.nn.functional)):
+        names.update(f"{path}.{n}" for n in module.__all__)
     # every public member of Tensor and CUDAGraph, inherited ones included
     names.update(f"tensorplay.Tensor.{n}" for n in dir(tp.Tensor) if not n.startswith("_"))
     names.update(f"tensorplay.cuda.CUDAGraph.{n}" for n in dir(CUDAGraph) if not n.startswith("_"))
@@ -75,7 +76,7 @@ def _public_names():
                       ("tensorplay.cuda.ElementwiseKernel", tp.cuda.ElementwiseKernel),
                       ("tensorplay.dtype", tp.dtype), ("tensorplay.device", tp.device),
                       ("tensorplay.Generator", tp.Generator),
-                      ("tensorplay._stax.cudagraphs.CUDAGraphified", cudagraphs.CUDAGraphified)):
+                      ("tensorplay.cuda.cudagraphs.CUDAGraphified", cudagraphs.CUDAGraphified)):
         names.update(f"{path}.{n}" for n, v in vars(cls).items()
                      if not n.startswith("_") and (callable(v) or inspect.isdatadescriptor(v)))
     return names

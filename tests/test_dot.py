@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tensorplay.cuda import _dot
+from tensorplay._graph import dot as _dot
 
 NESTED = {
     "nodes": [

@@ -20,11 +20,13 @@ from hypothesis import given, settings, strategies as st
 
 import tensorplay as tp
 from conftest import ALL_DTYPES, random_array
-from tensorplay import _tensor
+from tensorplay._tensor import tensor as _tensor
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels.param_upload import (PARAM_HEADER_BYTES, PARAM_UPLOAD_CAPACITIES, PARAM_UPLOAD_MAX_BYTES,
                                               PARAM_WRITE_BLOCK, pack_param_write, param_write_capacity)
-from tensorplay._ops import _creation, _elementwise, _indexing
+from tensorplay._ops import creation as _creation
+from tensorplay._ops import elementwise as _elementwise
+from tensorplay._ops import indexing as _indexing
 
 CAPTURE_UNSUPPORTED = int(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 STREAM = 0x5A5A
@@ -130,7 +132,7 @@ class FakeDevice:
         assert stream == STREAM
         self.capture_checks += 1
         if self.capturing:
-            raise tp._cuda.make_error(CAPTURE_UNSUPPORTED, reason)
+            raise tp._driver.context.make_error(CAPTURE_UNSUPPORTED, reason)
 
     def writes(self):
         """(dst, data bytes, capacity) of each small-host-data launch."""

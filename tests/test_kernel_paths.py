@@ -12,7 +12,8 @@ import pytest
 
 import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
-from tensorplay._kernels import cache as _kernels, codegen as _codegen
+from tensorplay._kernels import cache as _kernels
+from tensorplay._kernels import codegen as _codegen
 from gpu_helpers import ptx_of
 
 ARCH = 90
@@ -108,7 +109,7 @@ def test_flat_kernels_compile_for_mixed_dtypes_fill_and_index_expressions():
 
 # ------------------------------------------------------------------ reductions
 
-from tensorplay._ops import _reduce  # noqa: E402
+from tensorplay._ops import reduce as _reduce  # noqa: E402
 
 
 @pytest.mark.parametrize("shape, dims, expected", [
@@ -174,7 +175,7 @@ class _Launches:
 
 def _fake(shape, dtype, ptr=0x100000, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -278,25 +279,25 @@ def test_transposing_copies_launch_the_tiled_kernel(monkeypatch):
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
     src = _fake((8192, 8192), tp.float32, 0x100000, (1, 8192))                 # x.t()
     dst = _fake((8192, 8192), tp.float32, 0x100000 + 8192 * 8192 * 4)
-    tp._tensor.copy_into(dst, src)
+    tp._tensor.tensor.copy_into(dst, src)
     (key, grid, block, params), = rec.log
     assert key[0] == "tiled_copy" and block == (32, 8) and grid == 132 * _kernels.TILED_COPY_BLOCKS_PER_SM
     assert struct.unpack_from("<QQq", params) == (dst.data_ptr(), 0x100000, 256 * 256)
     rec.log.clear()
     far = 0x100000 + 8192 * 8192 * 8
-    tp._tensor.copy_into(dst[:, :4096], _fake((8192, 8192), tp.float32, far)[:, ::2])
+    tp._tensor.tensor.copy_into(dst[:, :4096], _fake((8192, 8192), tp.float32, far)[:, ::2])
     assert rec.log[0][0][0] == "copy"                                         # strided, not transposed
 
 
 # ------------------------------------------------------------------ the plan cache
 
-from tensorplay._ops import _elementwise  # noqa: E402
-from tensorplay.cuda import _custom  # noqa: E402
+from tensorplay._ops import elementwise as _elementwise  # noqa: E402
+from tensorplay._ops import custom as _custom  # noqa: E402
 
 
 def _fake_on(shape, dtype, device=0, ptr=0x100000, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, device)
     return t
 

@@ -13,9 +13,11 @@ from hypothesis import given, settings, strategies as st
 
 import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
-from tensorplay._kernels import cache, graph_kernels, param_upload
+from tensorplay._kernels import cache
+from tensorplay._graph import kernels as graph_kernels
+from tensorplay._kernels import param_upload
 from tensorplay._kernels import codegen as _codegen
-from tensorplay._stager import STAGE_CAPACITIES
+from tensorplay._graph.stager import STAGE_CAPACITIES
 
 ARCH = 90
 
@@ -84,9 +86,9 @@ def test_collapse_dims_preserves_every_offset(shape, data):
     for _ in range(n_ops):
         kind = data.draw(st.sampled_from(["contig", "broadcast", "random"]))
         if kind == "contig":
-            strides_list.append(list(tp._tensor._contiguous_strides(shape)))
+            strides_list.append(list(tp._tensor.tensor._contiguous_strides(shape)))
         elif kind == "broadcast":
-            base = tp._tensor._contiguous_strides(shape)
+            base = tp._tensor.tensor._contiguous_strides(shape)
             strides_list.append([0 if data.draw(st.booleans()) else s for s in base])
         else:
             strides_list.append([data.draw(st.integers(-7, 7)) for _ in shape])
@@ -141,7 +143,7 @@ def test_arange_kernels_compile_for_every_dtype(d):
     for every dtype; the floating one multiplies and adds in float64 rounded
     at each step, as NumPy's loop, never as a fused multiply-add."""
     from gpu_helpers import ptx_of
-    kind, expr, scalars = tp._tensor.arange_kernel_args(0.5, 0.25, d)
+    kind, expr, scalars = tp._tensor.tensor.arange_kernel_args(0.5, 0.25, d)
     src = _codegen.elementwise_source(f"tp_arange_{d.name}", d, (), expr, 0, (kind,) * len(scalars))
     assert _nvrtc.compile_cubin(src, "arange.cu", (), ARCH)[:4] == b"\x7fELF"
     ptx = ptx_of(src)

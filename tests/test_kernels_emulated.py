@@ -5,7 +5,7 @@ tests/cuda_emulator.hpp gives the kernels just enough of CUDA (one OS thread
 per CUDA thread, the blocks one after another, __syncthreads as a barrier,
 warp shuffles, the __d*_rn intrinsics as single IEEE operations), so g++
 builds the very sources NVRTC compiles. The launches go through the real
-launchers of tensorplay._ops._sampling (their argument packing, grids and
+launchers of tensorplay._ops.sampling (their argument packing, grids and
 step schedule) with fake CUDA tensors over NumPy arrays, and the results
 are compared with NumPy: the stable argsort and the NumPy twins of
 sampling_kernels. Catches what compiling alone cannot (a missing barrier,
@@ -24,8 +24,11 @@ import pytest
 
 import tensorplay as tp
 from tensorplay import _dtypes as dt
-from tensorplay._kernels import cache, codegen, sampling_kernels as sk, sort_kernels
-from tensorplay._ops import _sampling
+from tensorplay._kernels import cache
+from tensorplay._kernels import codegen
+from tensorplay._kernels import sampling_kernels as sk
+from tensorplay._kernels import sort_kernels
+from tensorplay._ops import sampling as _sampling
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CXX = shutil.which("g++") or shutil.which("c++")

@@ -12,8 +12,8 @@ import pytest
 
 import tensorplay as tp
 from conftest import activation_reference
-from tensorplay import _cublaslt
-from tensorplay._ops import _blas
+from tensorplay._kernels import cublaslt as _cublaslt
+from tensorplay._ops import blas as _blas
 
 pytestmark = pytest.mark.cuda
 

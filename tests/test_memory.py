@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._alloc import segment_bytes
+from tensorplay._memory.allocator import segment_bytes
 from tensorplay.cuda import CUDAGraph
 from gpu_helpers import spin
 

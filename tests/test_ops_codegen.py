@@ -13,16 +13,19 @@ import pytest
 
 import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
-from tensorplay._kernels import cache as _kernels, codegen as _codegen
-from tensorplay._ops import _elementwise, _indexing, _reduce
-from tensorplay.cuda import _custom
+from tensorplay._kernels import cache as _kernels
+from tensorplay._kernels import codegen as _codegen
+from tensorplay._ops import elementwise as _elementwise
+from tensorplay._ops import indexing as _indexing
+from tensorplay._ops import reduce as _reduce
+from tensorplay._ops import custom as _custom
 
 ARCH = 90
 
 
 def fake_cuda(shape, dtype, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
     t._set_cuda(None, 0x100000, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -171,7 +174,7 @@ class _Recorder:
 
 def _fake_at(shape, dtype, ptr, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -245,7 +248,7 @@ def test_ops_under_capture_register_their_storages(monkeypatch):
     """While a capture is open on this thread, every pointer an op takes from a
     tensor hands its storage to the capture (the graph keeps what comes from
     outside its pool until reset); otherwise nothing is registered."""
-    from tensorplay._alloc import DeviceAllocator, FakeBackend
+    from tensorplay._memory.allocator import DeviceAllocator, FakeBackend
     monkeypatch.setattr(_kernels, "cached_function", lambda key, dev, make: _Recorder(key, []))
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
 
@@ -254,7 +257,7 @@ def test_ops_under_capture_register_their_storages(monkeypatch):
 
     def fake_with_storage(shape, dtype, ptr):
         t = tp.Tensor.__new__(tp.Tensor)
-        t._set_cuda(Storage(), ptr, shape, tp._tensor._contiguous_strides(shape), dtype.code, 0)
+        t._set_cuda(Storage(), ptr, shape, tp._tensor.tensor._contiguous_strides(shape), dtype.code, 0)
         return t
     a, b = fake_with_storage((4,), tp.float32, 0x10000), fake_with_storage((4,), tp.float32, 0x20000)
     out = fake_with_storage((4,), tp.float32, 0x30000)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import tensorplay as tp
 from conftest import ALL_DTYPES, random_array
 from gpu_helpers import spin
-from tensorplay._ops import _elementwise
+from tensorplay._ops import elementwise as _elementwise
 
 pytestmark = pytest.mark.cuda
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

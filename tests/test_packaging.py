@@ -23,8 +23,9 @@ from packaging.requirements import Requirement
 import tensorplay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMPILED = ["_cuda", "_stream", "_alloc", "_tensor_base", "_dlpack", "_memcpy", "_kernel", "_graph_nodes", "_stager",
-            "_rebind", "_graph", "_cublaslt"]
+# the compiled modules, as paths under src/tensorplay/ without suffix ("_graph/capture")
+COMPILED = sorted(os.path.relpath(p, os.path.join(ROOT, "src", "tensorplay"))[:-len(".pyx")].replace(os.sep, "/")
+                  for p in glob.glob(os.path.join(ROOT, "src", "tensorplay", "**", "*.pyx"), recursive=True))
 DIST = "tensorplay-cuda13x"            # the distribution; the import name is tensorplay
 DIST_FILE = DIST.replace("-", "_")     # its wheel and sdist file names
 CUDA_CLASSIFIER = "Environment :: GPU :: NVIDIA CUDA :: 13"

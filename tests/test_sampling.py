@@ -17,8 +17,11 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._kernels import cache, nvrtc, sampling_kernels as sk, sort_kernels
-from tensorplay._ops import _sampling
+from tensorplay._kernels import cache
+from tensorplay._kernels import nvrtc
+from tensorplay._kernels import sampling_kernels as sk
+from tensorplay._kernels import sort_kernels
+from tensorplay._ops import sampling as _sampling
 
 HAS_RANDOM = hasattr(tp, "randint") and hasattr(tp, "rand") and hasattr(tp, "Generator")
 needs_random = pytest.mark.skipif(not HAS_RANDOM, reason="tensorplay.rand / randint / Generator are missing")

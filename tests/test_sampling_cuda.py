@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._kernels import sampling_kernels as sk, sort_kernels
-from tensorplay._ops import _sampling
+from tensorplay._kernels import sampling_kernels as sk
+from tensorplay._kernels import sort_kernels
+from tensorplay._ops import sampling as _sampling
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda

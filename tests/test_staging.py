@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._stax import cudagraphs
+from tensorplay._graph import cudagraphs
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda
@@ -196,7 +196,7 @@ def test_one_launch_staging_keeps_replay_and_describe_as_captured(rng):
 def test_staging_builds_once_per_list_of_static_inputs(rng):
     """Alternating 9 and 8 pairs the copy kernel takes (one input made
     non-contiguous) reuses one staged executable; values stay right."""
-    from tensorplay._stager import staged_builds
+    from tensorplay._graph.stager import staged_builds
     statics = [tp.zeros(512, device="cuda") for _ in range(9)]
     g, out = _graph_sum(statics)
     data = [rng.standard_normal(512).astype(np.float32) for _ in range(9)]

@@ -17,9 +17,10 @@ import struct
 import threading
 from collections import OrderedDict
 
-from .._cuda import get_device_capability, get_device_properties
-from .._kernel import LaunchPacker, Module
-from . import codegen as _codegen, nvrtc as _nvrtc
+from tensorplay._driver.context import get_device_capability, get_device_properties
+from tensorplay._driver.launch import LaunchPacker, Module
+from tensorplay._kernels import codegen as _codegen
+from tensorplay._kernels import nvrtc as _nvrtc
 
 BLOCK = 256
 

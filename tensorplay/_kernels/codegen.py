@@ -9,7 +9,7 @@ padding rules.
 
 from __future__ import annotations
 
-from .. import _dtypes as dt
+from tensorplay import _dtypes as dt
 
 # Half types are stored as 16-bit integers and converted with PTX cvt, so no
 # header (cuda_fp16.h) is needed and compute happens in float.

@@ -13,8 +13,9 @@ import os
 import tempfile
 import threading
 import time
+from typing import Any
 
-__all__ = ["NVRTCError", "compile_cubin", "nvrtc_version", "cache_dir", "cache_info", "clear_cache",
+__all__ = ["NVRTCError", "compile_cubin", "nvrtc_version", "cache_dir", "kernel_cache_dir", "kernel_cache_info", "clear_kernel_cache",
            "supported_archs"]
 
 # Each compilation is logged at INFO (kernel, target, milliseconds), each CUBIN
@@ -241,9 +242,19 @@ def _cache_files(root):
                 yield os.path.join(d, n)
 
 
-def cache_info():
-    """The on-disk kernel cache: ``{"path", "files", "bytes"}``, and this
-    process's ``compiled``, ``memory_hits`` and ``disk_hits`` counts."""
+def kernel_cache_dir() -> str:
+    """Return the folder holding the compiled kernels (CUBIN).
+
+    ``$TENSORPLAY_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/tensorplay/kernels``,
+    else ``~/.cache/tensorplay/kernels``; read from the environment at each call.
+    """
+    return cache_dir()
+
+
+def kernel_cache_info() -> dict[str, Any]:
+    """Return the kernel cache's state: ``path`` (:func:`kernel_cache_dir`),
+    ``files`` and ``bytes`` on disk, and this process's counts of NVRTC
+    compilations (``compiled``) and cache hits (``memory_hits``, ``disk_hits``)."""
     root = cache_dir()
     files = size = 0
     for f in _cache_files(root):
@@ -255,13 +266,13 @@ def cache_info():
     return {"path": root, "files": files, "bytes": size, **cache_stats()}
 
 
-def clear_cache():
-    """Delete the compiled kernels under :func:`cache_dir` and the in-memory
-    copies; return ``{"path", "files", "bytes"}`` of what was removed. Kernels
-    already loaded into a device stay loaded.
+def clear_kernel_cache() -> dict[str, Any]:
+    """Delete the compiled kernels on disk and in memory, so the next use of
+    each op compiles again; return the ``path``, ``files`` and ``bytes`` removed.
 
-    Only the files tensorplay writes there are removed (then the empty
-    folders), so a cache folder shared with other files is safe to clear.
+    Only the files tensorplay writes are removed (then the empty folders), so
+    a cache folder shared with other files is safe to clear. Kernels already
+    loaded into a device keep working; works without a GPU.
     """
     root = cache_dir()
     files = size = 0

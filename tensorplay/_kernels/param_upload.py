@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 
-from . import cache
+from tensorplay._kernels import cache
 
 # The most host bytes one upload carries in kernel parameters: 4 KiB, the
 # classic kernel-parameter limit. The parameter buffer of the largest table is

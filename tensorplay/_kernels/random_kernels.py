@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import struct
 
-from .. import _dtypes as dt
-from .._random import philox as _philox
-from . import cache, codegen
+from tensorplay import _dtypes as dt
+from tensorplay._random import philox as _philox
+from tensorplay._kernels import cache
+from tensorplay._kernels import codegen
 
 BLOCK = 256
 STATE_BYTES = 32          # seed, offset, done-counter, padding

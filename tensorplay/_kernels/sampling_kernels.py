@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes as dt
-from . import cache, codegen as _codegen
+from tensorplay import _dtypes as dt
+from tensorplay._kernels import cache
+from tensorplay._kernels import codegen as _codegen
 
 # Status bits the kernels set for the host to report.
 BAD_WEIGHT = 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cache
+from tensorplay._kernels import cache
 
 # Elements per shared-memory tile (two arrays of 8-byte words: 32 KB, under
 # the 48 KB of static shared memory), one pair per thread of a 1024-thread block.

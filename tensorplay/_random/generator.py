@@ -24,20 +24,20 @@ from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
-from .. import _dtypes as dt
-from .._alloc import _allocate, _note_capture_use
-from .._cuda import device_count, is_available, is_device_supported
-from .._device import device as _device_cls
-from .._kernels import random_kernels as _rk
-from .._memcpy import host_reads_blocked, memcpy_dtoh
-from .._stream import current_stream, current_stream_handle_of
-from .._tensor import Tensor as _Tensor, _new_cpu, _resolve_device
-from .philox import DEFAULT_SEED
+from tensorplay import _dtypes as dt
+from tensorplay._memory.allocator import _allocate, _note_capture_use
+from tensorplay._driver.context import device_count, is_available, is_device_supported
+from tensorplay._device import device as _device_cls
+from tensorplay._kernels import random_kernels as _rk
+from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtoh
+from tensorplay._driver.stream import current_stream, current_stream_handle_of
+from tensorplay._tensor.tensor import Tensor as _Tensor, _new_cpu, _resolve_device
+from tensorplay._random.philox import DEFAULT_SEED
 
 if TYPE_CHECKING:
-    from .. import Tensor          # the public class users' type checkers see
-    from .._alloc import DeviceAllocation
-    from ..types import DeviceLike
+    from tensorplay import Tensor          # the public class users' type checkers see
+    from tensorplay._memory.allocator import DeviceAllocation
+    from tensorplay.types import DeviceLike
 
 __all__ = ["Generator", "DefaultGenerators", "default_generator", "default_generators", "manual_seed", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "generator_for", "default_cuda_generator",

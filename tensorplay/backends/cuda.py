@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .._ops import _blas
+from tensorplay._ops import blas as _blas
 
 __all__ = ["matmul"]
 

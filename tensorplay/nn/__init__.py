@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from . import functional
+from tensorplay.nn import functional
 
 __all__ = ["functional"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._ops._distributions import _dropout
+from tensorplay._ops.distributions import _dropout
 
 if TYPE_CHECKING:
-    from .. import Generator, Tensor
+    from tensorplay import Generator, Tensor
 
 __all__ = ["dropout"]
 

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 import tensorplay as tp
-from tensorplay._stax import cudagraphs
+from tensorplay._graph import cudagraphs
 from tensorplay.cuda import CUDAGraph
 from tensorplay.types import DeviceLike, StreamLike
 

@@ -1,0 +1,520 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Streams, events and the per-thread, per-device current stream."""
+
+cimport cython
+from cuda.bindings cimport cydriver
+from libc.stdint cimport uintptr_t
+
+from tensorplay._driver.context cimport (LIVE_EVENTS, LIVE_STREAMS, check, count_live, ensure_context, get_current_device,
+                               validate_device, MAX_DEVICES)
+
+import os
+import threading
+
+from tensorplay._driver.context import device_index as _device_index_checked
+
+cdef extern from "tp_tls.hpp" namespace "tp" nogil:
+    uintptr_t tls_current_stream[64]
+
+
+cdef cydriver.CUstream current_stream_handle(int device) noexcept nogil:
+    return <cydriver.CUstream>tls_current_stream[device]
+
+
+cdef void set_current_stream_handle(int device, cydriver.CUstream handle) noexcept nogil:
+    tls_current_stream[device] = <uintptr_t>handle
+
+
+# Python Stream objects made current, per thread, so a stream set current is
+# never destroyed while its handle sits in the thread-local slot.
+cdef object _held = threading.local()
+
+
+cdef dict _held_streams():
+    d = getattr(_held, "streams", None)
+    if d is None:
+        d = {}
+        _held.streams = d
+    return d
+
+
+cdef int _resolve_device(object device) except -1:
+    return _device_index_checked(device)
+
+
+# Handles of dead Stream objects, by (device, priority), for the next Stream().
+# Streams are never destroyed, as in PyTorch: the caching allocator keys its
+# free blocks by stream handle, and a destroyed stream's handle could come
+# back as a new stream that would then reuse blocks without waiting for the
+# old stream's work. A recycled handle is the same CUDA stream, so stream
+# order covers it.
+cdef dict _recycled = {}
+
+
+def _forget_streams_in_forked_child():
+    _recycled.clear()     # the parent's handles mean nothing in the child
+
+
+os.register_at_fork(after_in_child=_forget_streams_in_forked_child)
+
+
+def cached_stream_count():
+    """Streams kept for reuse by later Stream() calls (never destroyed)."""
+    return sum(len(v) for v in _recycled.values())
+
+
+cdef class Stream:
+    """A CUDA stream on one device (cuStreamCreateWithPriority, non-blocking).
+
+    Parameters
+    ----------
+    device : int, str or None
+        The device; default the current device.
+    priority : int
+        Lower numbers are higher priority; clamped to the device's range.
+    """
+
+    def __cinit__(self):
+        self._handle = NULL
+        self._device = -1
+        self._owned = False
+        self._owner = None
+        self._priority = 0
+
+    def __init__(self, device=None, int priority=0):
+        cdef int d = _resolve_device(device)
+        cdef int least = 0, greatest = 0
+        cdef cydriver.CUstream h = NULL
+        with nogil:
+            ensure_context(d)
+            check(cydriver.cuCtxGetStreamPriorityRange(&least, &greatest))
+        if priority > least:
+            priority = least
+        if priority < greatest:
+            priority = greatest
+        spare = _recycled.get((d, priority))
+        if spare:
+            h = <cydriver.CUstream><uintptr_t>spare.pop()
+        else:
+            with nogil:
+                check(cydriver.cuStreamCreateWithPriority(&h, cydriver.CU_STREAM_NON_BLOCKING, priority))
+        self._handle = h
+        self._device = d
+        self._priority = priority
+        self._owned = True
+        count_live(LIVE_STREAMS, 1)
+
+    @staticmethod
+    cdef Stream _wrap(cydriver.CUstream handle, int device, object owner):
+        cdef Stream s = Stream.__new__(Stream)
+        s._handle = handle
+        s._device = device
+        s._owner = owner
+        return s
+
+    def __dealloc__(self):
+        if self._owned and self._handle != NULL:
+            try:
+                _recycled.setdefault((self._device, self._priority), []).append(<uintptr_t>self._handle)
+            except BaseException:
+                pass
+            count_live(LIVE_STREAMS, -1)
+            self._handle = NULL
+
+    @property
+    def handle(self):
+        """The CUstream as an int (0 is the legacy default stream)."""
+        return <uintptr_t>self._handle
+
+    @property
+    def cuda_stream(self):
+        """The CUstream as an int, as PyTorch and CuPy name it."""
+        return <uintptr_t>self._handle
+
+    @property
+    def ptr(self):
+        """The CUstream as an int, as CuPy's ``Stream.ptr``."""
+        return <uintptr_t>self._handle
+
+    @property
+    def device_index(self):
+        """The index of the stream's CUDA device."""
+        return self._device
+
+    @property
+    def device(self):
+        """The stream's device as a string, ``"cuda:N"``."""
+        return f"cuda:{self._device}"
+
+    @property
+    def priority(self):
+        """The stream's priority (lower is higher priority), cuStreamGetPriority."""
+        cdef int p = 0
+        with nogil:
+            ensure_context(self._device)
+            check(cydriver.cuStreamGetPriority(self._handle, &p))
+        return p
+
+    def __cuda_stream__(self):
+        """Return ``(0, handle)``: the CUDA stream protocol of cuda.core."""
+        return (0, <uintptr_t>self._handle)
+
+    def query(self):
+        """Return True if all work on the stream has completed, cuStreamQuery."""
+        cdef cydriver.CUresult r
+        with nogil:
+            ensure_context(self._device)
+            r = cydriver.cuStreamQuery(self._handle)
+        if r == cydriver.CUDA_ERROR_NOT_READY:
+            return False
+        check(r)
+        return True
+
+    def synchronize(self):
+        """Wait for all work on the stream, cuStreamSynchronize (GIL released)."""
+        with nogil:
+            ensure_context(self._device)
+            check(cydriver.cuStreamSynchronize(self._handle))
+
+    def wait_event(self, Event event not None):
+        """Make future work on this stream wait for ``event``, cuStreamWaitEvent."""
+        if event._handle == NULL:
+            return   # never recorded: nothing to wait for, as in PyTorch
+        with nogil:
+            ensure_context(self._device)
+            check(cydriver.cuStreamWaitEvent(self._handle, event._handle, 0))
+
+    def wait_stream(self, stream):
+        """Make future work on this stream wait for all work queued on ``stream`` so far.
+
+        Records a temporary event on ``stream`` and waits for it here
+        (cuEventRecord, cuStreamWaitEvent).
+        """
+        cdef Stream other = as_stream(stream, self._device)
+        if other._handle == self._handle and other._device == self._device:
+            return
+        stream_wait_stream(self._handle, other._handle, other._device)
+
+    def record_event(self, event=None):
+        """Record ``event`` (a new one if None) on this stream and return it."""
+        cdef Event e = Event() if event is None else event
+        e._record_on(self._handle, self._device)
+        return e
+
+    def __eq__(self, other):
+        if not isinstance(other, Stream):
+            return NotImplemented
+        return (<Stream>other)._handle == self._handle and (<Stream>other)._device == self._device
+
+    def __hash__(self):
+        return hash((<uintptr_t>self._handle, self._device))
+
+    def __repr__(self):
+        return f"<tensorplay.cuda.Stream device=cuda:{self._device} handle={<uintptr_t>self._handle:#x}>"
+
+
+cdef class ExternalStream(Stream):
+    """Wrap a stream created elsewhere (PyTorch, CuPy, cuda.core) without owning it.
+
+    Parameters
+    ----------
+    stream_ptr : int
+        The CUstream handle.
+    device : int, str or None
+        Its device; default: asked of the driver (cuStreamGetDevice).
+    owner : object
+        Kept alive as long as this wrapper lives.
+    """
+
+    def __init__(self, stream_ptr, device=None, owner=None):
+        if isinstance(stream_ptr, bool) or not isinstance(stream_ptr, int):
+            raise TypeError(f"stream_ptr must be an int handle, got {type(stream_ptr).__name__}")
+        if stream_ptr < 0:
+            raise ValueError(f"stream_ptr must be non-negative, got {stream_ptr}")
+        cdef cydriver.CUstream h = <cydriver.CUstream><uintptr_t>stream_ptr
+        cdef cydriver.CUdevice dev
+        cdef int d
+        if device is None:
+            d = get_current_device()
+            if h != NULL and <uintptr_t>h > 2:
+                validate_device(d)
+                with nogil:
+                    ensure_context(d)
+                    check(cydriver.cuStreamGetDevice(h, &dev))
+                d = <int>dev
+        else:
+            d = _resolve_device(device)
+        self._handle = h
+        self._device = d
+        self._owned = False
+        self._owner = owner
+
+
+cdef Stream as_stream(object obj, int device=-1):
+    """Coerce a Stream, an object with __cuda_stream__ or .cuda_stream, or an int."""
+    if isinstance(obj, Stream):
+        return <Stream>obj
+    if obj is None:
+        d = get_current_device() if device < 0 else device
+        validate_device(d)
+        return Stream._wrap(current_stream_handle(d), d, None)
+    proto = getattr(obj, "__cuda_stream__", None)
+    if proto is not None:
+        ver_handle = proto() if callable(proto) else proto
+        try:
+            handle = int(ver_handle[1])
+        except (TypeError, IndexError, ValueError):
+            raise TypeError(f"{type(obj).__name__}.__cuda_stream__ must return (version, handle)")
+        return ExternalStream(handle, owner=obj)
+    if hasattr(obj, "cuda_stream") and not isinstance(obj, int):
+        return ExternalStream(int(obj.cuda_stream), owner=obj)
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return ExternalStream(obj)
+    raise TypeError(
+        f"expected a tensorplay.cuda.Stream or an object with __cuda_stream__, got {type(obj).__name__}")
+
+
+def _as_stream(obj, device=-1):
+    """Python access to the stream coercion (used by the pure-Python layers)."""
+    return as_stream(obj, device)
+
+
+cdef int stream_wait_stream(cydriver.CUstream waiter, cydriver.CUstream waitee, int device) except -1:
+    """Make ``waiter`` wait for the work queued so far on ``waitee`` (one temporary event)."""
+    cdef cydriver.CUevent ev = NULL
+    cdef cydriver.CUresult r
+    with nogil:
+        ensure_context(device)
+        check(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING))
+        r = cydriver.cuEventRecord(ev, waitee)
+        if r == cydriver.CUDA_SUCCESS:
+            r = cydriver.cuStreamWaitEvent(waiter, ev, 0)
+        # destroying an event with a pending wait is allowed: the wait still holds
+        cydriver.cuEventDestroy(ev)
+        check(r)
+    return 0
+
+
+@cython.freelist(8)
+cdef class Event:
+    """A CUDA event (cuEventCreate), created on the device of its first record.
+
+    Parameters
+    ----------
+    enable_timing : bool
+        Record timestamps so that ``elapsed_time`` works.
+    blocking : bool
+        ``synchronize`` blocks the thread instead of spinning (CU_EVENT_BLOCKING_SYNC).
+    external : bool
+        Recorded inside a graph capture, the record becomes a node of the graph
+        (CU_EVENT_RECORD_EXTERNAL) that runs at every replay, so events can time
+        work inside a graph. Otherwise a record inside a capture only orders streams.
+    """
+
+    def __cinit__(self, bint enable_timing=False, bint blocking=False, bint external=False):
+        self._handle = NULL
+        self._device = -1
+        self._timing = enable_timing
+        self._external = external
+        self._flags = 0 if enable_timing else cydriver.CU_EVENT_DISABLE_TIMING
+        if blocking:
+            self._flags |= cydriver.CU_EVENT_BLOCKING_SYNC
+
+    def __dealloc__(self):
+        if self._handle != NULL:
+            try:
+                if cydriver.cuEventDestroy(self._handle) == cydriver.CUDA_SUCCESS:
+                    count_live(LIVE_EVENTS, -1)
+            except BaseException:
+                pass
+            self._handle = NULL
+
+    cdef int _record_on(self, cydriver.CUstream stream, int device) except -1:
+        if self._handle == NULL:
+            with nogil:
+                ensure_context(device)
+                check(cydriver.cuEventCreate(&self._handle, self._flags))
+            self._device = device
+            count_live(LIVE_EVENTS, 1)
+        elif self._device != device:
+            raise ValueError(
+                f"event was created on cuda:{self._device} and cannot be recorded on a stream of cuda:{device}")
+        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+        cdef unsigned int flags = 0
+        with nogil:
+            ensure_context(device)
+            if self._external:
+                check(cydriver.cuStreamIsCapturing(stream, &status))
+                if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+                    flags = cydriver.CU_EVENT_RECORD_EXTERNAL
+            check(cydriver.cuEventRecordWithFlags(self._handle, stream, flags))
+        return 0
+
+    def record(self, stream=None):
+        """Record the event on ``stream`` (default: the current stream), cuEventRecord."""
+        cdef Stream s = as_stream(stream, self._device)
+        self._record_on(s._handle, s._device)
+
+    def wait(self, stream=None):
+        """Make ``stream`` (default: current) wait for this event, cuStreamWaitEvent."""
+        cdef Stream s = as_stream(stream, self._device)
+        s.wait_event(self)
+
+    def query(self):
+        """Return True if the recorded work has completed (or never recorded), cuEventQuery."""
+        if self._handle == NULL:
+            return True
+        cdef cydriver.CUresult r
+        with nogil:
+            r = cydriver.cuEventQuery(self._handle)
+        if r == cydriver.CUDA_ERROR_NOT_READY:
+            return False
+        check(r)
+        return True
+
+    def synchronize(self):
+        """Wait until the recorded work completes, cuEventSynchronize (GIL released)."""
+        if self._handle == NULL:
+            return
+        with nogil:
+            check(cydriver.cuEventSynchronize(self._handle))
+
+    def elapsed_time(self, Event end not None):
+        """Return the milliseconds between this event and ``end``, cuEventElapsedTime.
+
+        Both events need ``enable_timing=True`` and must have been recorded.
+        """
+        cdef float ms = 0
+        if not (self._timing and end._timing):
+            raise ValueError("both events need enable_timing=True")
+        if self._handle == NULL or end._handle == NULL:
+            raise ValueError("both events must be recorded before elapsed_time")
+        with nogil:
+            check(cydriver.cuEventElapsedTime(&ms, self._handle, end._handle))
+        return ms
+
+    @property
+    def handle(self):
+        """The CUevent as an int (0 until the first record creates it)."""
+        return <uintptr_t>self._handle
+
+    @property
+    def device_index(self):
+        """The index of the event's CUDA device (-1 until the first record)."""
+        return self._device
+
+    def __repr__(self):
+        return f"<tensorplay.cuda.Event handle={<uintptr_t>self._handle:#x} device={self._device}>"
+
+
+# ------------------------------------------------------------------ capture streams
+
+cdef dict _side_streams = {}      # device -> [Stream]
+cdef set _side_in_use = set()     # handles of side streams a capture holds
+_side_lock = threading.Lock()     # threads capturing at once must get different streams
+
+
+def capture_side_stream(int device):
+    """Reserve a non-blocking stream of ``device`` for a capture (the default
+    capture stream, and conditional bodies' streams). Streams are created once
+    and reused; give the stream back with release_capture_side_stream."""
+    cdef cydriver.CUstreamCaptureStatus status
+    cdef Stream s
+    with _side_lock:
+        pool = _side_streams.setdefault(device, [])
+        for obj in pool:
+            s = <Stream>obj
+            if <uintptr_t>s._handle in _side_in_use:
+                continue
+            with nogil:
+                ensure_context(device)
+                check(cydriver.cuStreamIsCapturing(s._handle, &status))
+            if status == cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
+                _side_in_use.add(<uintptr_t>s._handle)
+                return s
+        s = Stream(device)
+        pool.append(s)
+        _side_in_use.add(<uintptr_t>s._handle)
+        return s
+
+
+cdef dict _warmup_streams = {}
+
+
+def warmup_stream(int device):
+    """The stream graphed callables are warmed up on before capture: one per
+    device, kept for the process (so blocks its warm-up freed are reused on
+    the same CUDA stream, never on a stream that merely got its handle)."""
+    s = _warmup_streams.get(device)
+    if s is None:
+        s = _warmup_streams[device] = Stream(device)
+    return s
+
+
+def release_capture_side_stream(stream):
+    """End a capture's hold on a stream from capture_side_stream (any other
+    stream: nothing happens)."""
+    if isinstance(stream, Stream):
+        with _side_lock:
+            _side_in_use.discard(<uintptr_t>(<Stream>stream)._handle)
+
+
+# ------------------------------------------------------------------ current stream
+
+def current_stream_handle_of(int device):
+    """The current stream's handle on ``device`` as an int (no validation; hot path)."""
+    return <uintptr_t>current_stream_handle(device)
+
+
+def current_stream(device=None):
+    """Return this thread's current stream on ``device`` (default: current device)."""
+    cdef int d = _resolve_device(device)
+    cdef cydriver.CUstream h = current_stream_handle(d)
+    held = _held_streams().get(d)
+    if held is not None and (<Stream>held)._handle == h:
+        return held
+    return Stream._wrap(h, d, None)
+
+
+def default_stream(device=None):
+    """Return the legacy default stream of ``device``."""
+    cdef int d = _resolve_device(device)
+    return Stream._wrap(NULL, d, None)
+
+
+def set_stream(stream):
+    """Make ``stream`` this thread's current stream on its device."""
+    cdef Stream s = as_stream(stream)
+    validate_device(s._device)
+    _held_streams()[s._device] = s
+    set_current_stream_handle(s._device, s._handle)
+
+
+class stream:
+    """Make ``stream`` the current stream of its device inside a ``with`` block.
+
+    On exit the previous current stream of that device is restored. ``None``
+    leaves the current stream unchanged, as in PyTorch.
+
+    Parameters
+    ----------
+    stream : Stream, stream-like or None
+        A :class:`Stream`, an object exporting one (``__cuda_stream__`` or
+        ``cuda_stream``), or None.
+    """
+
+    def __init__(self, stream):
+        self.stream = None if stream is None else as_stream(stream)
+        self._prev = None
+
+    def __enter__(self):
+        if self.stream is None:
+            return None
+        self._prev = current_stream(self.stream.device_index)
+        set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self._prev is not None:
+            set_stream(self._prev)
+        return False

@@ -1,0 +1,355 @@
+# SPDX-License-Identifier: Apache-2.0
+"""User kernels: RawKernel (CUDA C source, launched as written) and
+ElementwiseKernel (CuPy-style: typed parameters and one operation, broadcast
+over tensors). Both compile once per device through the NVRTC cache and run
+on the current stream, so they can be captured in graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numbers
+import re
+import struct
+
+import numpy as np
+
+from tensorplay import _dtypes as dt
+from tensorplay._driver.stream import _as_stream, current_stream_handle_of
+from tensorplay._tensor.tensor import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
+from tensorplay._driver.context import current_device
+from tensorplay._kernels import cache as _kernels
+from tensorplay._kernels import codegen as _codegen
+
+if TYPE_CHECKING:
+    from tensorplay._driver.launch import Function
+    from tensorplay.types import DeviceLike, StreamLike
+
+__all__ = ["RawKernel", "ElementwiseKernel"]
+
+# C parameter type -> struct format (natural alignment = size)
+_C_TYPES = {
+    "bool": "?", "char": "b", "signed char": "b", "int8_t": "b", "unsigned char": "B", "uint8_t": "B",
+    "short": "h", "int16_t": "h", "unsigned short": "H", "uint16_t": "H", "__half": "H", "half": "H",
+    "__nv_bfloat16": "H", "int": "i", "int32_t": "i", "unsigned int": "I", "unsigned": "I",
+    "uint32_t": "I", "long": "q", "long int": "q", "long long": "q", "long long int": "q",
+    "int64_t": "q", "ptrdiff_t": "q", "unsigned long": "Q", "unsigned long long": "Q",
+    "uint64_t": "Q", "size_t": "Q", "float": "f", "double": "d",
+}
+_QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__restrict|restrict|struct)\b")
+
+
+def parse_signature(source, name):
+    """Struct format codes of kernel ``name``'s parameters ('P' for pointers),
+    or None when the signature can't be read (templates, macros)."""
+    m = re.search(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?" + re.escape(name) +
+                  r"\s*\(([^)]*)\)", source)
+    if m is None:
+        return None
+    text = m.group(1).strip()
+    if not text or text == "void":
+        return []
+    codes = []
+    for p in text.split(","):
+        p = _QUALIFIERS.sub(" ", p).strip()
+        if "*" in p or "&" in p:
+            codes.append("P")
+            continue
+        words = p.split()
+        base = " ".join(words[:-1]) if len(words) > 1 else None
+        if base not in _C_TYPES:
+            return None
+        codes.append(_C_TYPES[base])
+    return codes
+
+
+def _pack(codes, args, device):
+    fmt_chars, values = [], []
+    for k, a in enumerate(args):
+        code = codes[k] if codes is not None else _guess_code(a)
+        if code == "P":
+            values.append(_pointer(a, device, k))
+            fmt_chars.append("Q")
+        else:
+            if isinstance(a, Tensor):
+                raise TypeError(f"argument {k}: the kernel takes a scalar here, got a tensor")
+            if isinstance(a, np.generic):
+                a = a.item()
+            if not isinstance(a, (numbers.Number, np.bool_)):
+                raise TypeError(f"argument {k}: expected a number, got {type(a).__name__}")
+            values.append(float(a) if code in "fd" else (bool(a) if code == "?" else int(a)))
+            fmt_chars.append(code)
+    buf = b""
+    for c, v in zip(fmt_chars, values):
+        size = struct.calcsize(c)
+        buf += b"\0" * (-len(buf) % size)       # natural alignment, as the C ABI lays it out
+        try:
+            buf += struct.pack("<" + c, v)
+        except struct.error as exc:
+            raise OverflowError(f"argument {v!r} does not fit the kernel's parameter type: {exc}") from None
+    return buf
+
+
+def _guess_code(a):
+    if isinstance(a, Tensor) or hasattr(a, "__cuda_array_interface__"):
+        return "P"
+    if isinstance(a, (bool, np.bool_)):
+        return "?"
+    if isinstance(a, np.generic):
+        return a.dtype.char if a.dtype.char in "bBhHiIqQfd" else "q"
+    if isinstance(a, numbers.Integral):
+        return "q"
+    if isinstance(a, numbers.Real):
+        return "d"
+    raise TypeError(f"unsupported kernel argument of type {type(a).__name__}")
+
+
+def _pointer(a, device, k):
+    if isinstance(a, Tensor):
+        if not a.is_cuda:
+            raise TypeError(f"argument {k}: a CPU tensor cannot be passed to a CUDA kernel")
+        if a._device_index != device:
+            raise ValueError(f"argument {k}: tensor on {a.device}, kernel launched on cuda:{device}")
+        return a.data_ptr()
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    if isinstance(a, int) and not isinstance(a, bool):
+        return a                                  # a raw device address
+    raise TypeError(f"argument {k}: expected a CUDA tensor for a pointer parameter, got {type(a).__name__}")
+
+
+class RawKernel:
+    """A kernel written in CUDA C, compiled once per device (NVRTC, cached).
+
+    Call it as ``kernel(grid, block, args, shared_mem=0, stream=None)``.
+    Tensors in ``args`` pass their device address; numbers are typed by the
+    declared signature (or by their own type when it cannot be read).
+
+    Parameters
+    ----------
+    source : str
+        CUDA C source; the kernel must have C linkage (declared extern "C").
+    name : str
+        The kernel's name.
+    options : sequence of str
+        Extra NVRTC options.
+    """
+
+    def __init__(self, source: str, name: str, options: Sequence[str] = ()) -> None:
+        if not isinstance(source, str) or not isinstance(name, str):
+            raise TypeError("RawKernel(source: str, name: str, options=())")
+        if isinstance(options, str):
+            raise TypeError("options must be a sequence of strings, not a string")
+        self.source = source
+        self.name = name
+        self.options = tuple(str(o) for o in options)
+        self._codes = parse_signature(source, name)
+        self._functions: dict[int, Any] = {}
+
+    def _function(self, device):
+        f = self._functions.get(device)
+        if f is None:
+            f = self._functions[device] = _kernels.load_function(self.source, self.name, device, self.options)
+        return f
+
+    def compile(self, device: DeviceLike = None) -> Function:
+        """Compile the kernel (NVRTC, cached) and load it on ``device`` now, cuModuleLoadData.
+
+        Otherwise the first call does it. ``device`` defaults to the current
+        CUDA device. Returns the loaded function.
+        """
+        return self._function(_resolve_device("cuda" if device is None else device))
+
+    def __call__(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], args: Sequence[Any],
+                 shared_mem: int = 0, stream: StreamLike | None = None) -> None:
+        """Launch the kernel on ``grid`` x ``block`` threads, cuLaunchKernel.
+
+        Parameters
+        ----------
+        grid, block : int or tuple of int
+            The grid and block dimensions (up to three each).
+        args : sequence
+            One value per kernel parameter: CUDA tensors for pointers (their
+            device address), numbers for scalars.
+        shared_mem : int, optional
+            Dynamic shared memory in bytes (above 48 KiB the kernel's limit
+            is raised first).
+        stream : Stream or stream-like, optional
+            Default the current stream of the tensors' device.
+        """
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
+        if self._codes is not None and len(args) != len(self._codes):
+            raise TypeError(f"{self.name} takes {len(self._codes)} arguments, {len(args)} given")
+        devices = {a._device_index for a in args if isinstance(a, Tensor) and a.is_cuda}
+        if len(devices) > 1:
+            raise ValueError(f"{self.name}: tensors on several devices {sorted(devices)}")
+        device = devices.pop() if devices else current_device()
+        if stream is not None:
+            s = _as_stream(stream)
+            if s.device_index != device:
+                raise ValueError(f"{self.name}: stream is on cuda:{s.device_index}, arguments on cuda:{device}")
+            handle = s.handle
+        else:
+            handle = current_stream_handle_of(device)
+        f = self._function(device)
+        params = _pack(self._codes, args, device)
+        if shared_mem > 48 * 1024:
+            f.set_max_dynamic_shared_memory(shared_mem)
+        f.launch(grid, block, params, shared_mem, handle)
+
+    @property
+    def attributes(self) -> dict[str, int]:
+        """The compiled kernel's attributes on the current device, cuFuncGetAttribute.
+
+        ``num_regs``, ``max_threads_per_block``, ``shared_size_bytes`` and
+        ``local_size_bytes``; reading them compiles and loads the kernel.
+        """
+        f = self._function(current_device())
+        return {k: f.attribute(k) for k in ("num_regs", "max_threads_per_block", "shared_size_bytes",
+                                            "local_size_bytes")}
+
+
+_PARAM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s+([A-Za-z_][A-Za-z0-9_]*)\s*$")
+
+
+def _parse_params(text, what):
+    out = []
+    if not text.strip():
+        return out
+    for part in text.split(","):
+        m = _PARAM.match(part)
+        if m is None:
+            raise ValueError(f"bad {what} parameter {part.strip()!r}; expected 'dtype name' such as 'float32 x'")
+        typ, var = m.groups()
+        if var in {v for _, v in out}:
+            raise ValueError(f"parameter name {var!r} used twice")
+        out.append((typ, var))
+    return out
+
+
+def _is_placeholder(typ):
+    return typ not in dt._BY_NAME
+
+
+class ElementwiseKernel:
+    """An elementwise kernel in the spirit of CuPy's.
+
+    ``ElementwiseKernel('float32 x, float32 y', 'float32 z', 'z = x * y + 1', 'fma1')``
+    makes a callable ``k(x, y)`` returning z; inputs broadcast, outputs are
+    allocated (or passed after the inputs, or as keyword arguments). Types are
+    dtype names or placeholders (e.g. ``T``) bound by the arguments' dtypes;
+    half types compute as float. Numbers passed for inputs become kernel
+    arguments; ``i`` is the element's linear index.
+    """
+
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str = "elementwise_kernel",
+                 preamble: str = "") -> None:
+        self.in_params = _parse_params(in_params, "input")
+        self.out_params = _parse_params(out_params, "output")
+        if not self.out_params:
+            raise ValueError("an ElementwiseKernel needs at least one output")
+        names = [v for _, v in self.in_params + self.out_params]
+        if len(set(names)) != len(names):
+            raise ValueError("input and output parameter names must differ")
+        if not isinstance(operation, str) or not operation.strip():
+            raise ValueError("operation must be a non-empty string of CUDA C")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise ValueError(f"kernel name {name!r} is not a C identifier")
+        self.operation = operation
+        self.name = name
+        self.preamble = preamble
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the operation over the broadcast inputs and return the output(s).
+
+        Pass the inputs positionally, then optionally the outputs (or give
+        outputs by name); missing outputs are allocated. One output is
+        returned as a tensor, several as a tuple. Launches one generated
+        kernel on the current stream (cuLaunchKernel).
+        """
+        n_in, n_out = len(self.in_params), len(self.out_params)
+        if len(args) not in (n_in, n_in + n_out):
+            raise TypeError(f"{self.name} takes {n_in} inputs (and optionally {n_out} outputs), got {len(args)}")
+        outs = list(args[n_in:]) or [kwargs.pop(v, None) for _, v in self.out_params]
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+        ins: list[Any] = [a if isinstance(a, (Tensor, numbers.Number, np.generic)) else _as_source(a) for a in args[:n_in]]
+        bound: dict[str, dt.dtype] = {}
+
+        def bind(typ, d, what):
+            if not _is_placeholder(typ):
+                return
+            if typ in bound and bound[typ] is not d:
+                raise TypeError(f"{self.name}: type {typ} bound to {bound[typ].name} and {d.name} ({what})")
+            bound[typ] = d
+        for (typ, var), a in zip(self.in_params, ins):
+            if isinstance(a, Tensor):
+                if not _is_placeholder(typ) and a.dtype is not dt.as_dtype(typ):
+                    raise TypeError(f"{self.name}: input {var} must be {typ}, got {a.dtype.name}")
+                bind(typ, a.dtype, var)
+        for (typ, var), o in zip(self.out_params, outs):
+            if o is not None:
+                if not isinstance(o, Tensor):
+                    raise TypeError(f"output {var} must be a Tensor")
+                bind(typ, o.dtype, var)
+
+        def resolve(typ, var):
+            if not _is_placeholder(typ):
+                return dt.as_dtype(typ)
+            if typ not in bound:
+                raise TypeError(f"{self.name}: cannot infer type {typ} of {var} from the arguments")
+            return bound[typ]
+        tensors = [a for a in ins if isinstance(a, Tensor)] + [o for o in outs if o is not None]
+        if not tensors:
+            raise TypeError(f"{self.name} needs at least one tensor argument")
+        shape = ()
+        for a in ins:
+            if isinstance(a, Tensor):
+                shape = _broadcast_shape(shape, a.shape)
+        devs = {t._device_index for t in tensors}
+        if len(devs) != 1 or -1 in devs:
+            raise ValueError(f"{self.name}: all tensors must be on one CUDA device, got {sorted(devs)}")
+        dev = devs.pop()
+        for k, ((typ, var), o) in enumerate(zip(self.out_params, outs)):
+            if o is None:
+                outs[k] = empty(shape, dtype=resolve(typ, var), device=f"cuda:{dev}")
+            elif o.shape != shape and shape != ():
+                raise ValueError(f"{self.name}: output {var} has shape {o.shape}, expected {shape}")
+        shape = outs[0].shape if shape == () else shape
+        arrays, strides, ptrs, scalars, svals, kinds = [], [], [], [], [], []
+        for (typ, var), a in zip(self.in_params, ins):
+            d = resolve(typ, var)
+            if isinstance(a, Tensor):
+                arrays.append((var, d, False))
+                strides.append(broadcast_strides(a, shape))
+                ptrs.append(a.data_ptr())
+            else:
+                scalars.append((var, d))
+                kinds.append("f" if d.kind == "f" else "i")
+                svals.append(float(a) if d.kind == "f" else int(a))
+        for (typ, var), o in zip(self.out_params, outs):
+            arrays.append((var, o.dtype, True))
+            strides.append(o.strides)
+            ptrs.append(o.data_ptr())
+        n = 1
+        for s in shape:
+            n *= s
+        if n:
+            cshape, cstrides, ndim = _kernels.geometry(shape, strides)
+            typedefs = dict(bound)
+            key = ("custom", self.name, self.operation, self.preamble,
+                   tuple((v, d.code, o) for v, d, o in arrays), tuple((v, d.code) for v, d in scalars),
+                   tuple(sorted((k, v.code) for k, v in typedefs.items())), ndim)
+            pkey = _kernels.launch_plan_key(key, dev, cshape, cstrides)
+            plan = _kernels.plans.get(pkey)
+            if plan is None:
+                f = _kernels.cached_function(key, dev, lambda: (_codegen.custom_elementwise_source(
+                    f"{self.name}_{ndim}d", arrays, scalars, typedefs, self.operation, ndim, self.preamble),
+                    f"{self.name}_{ndim}d"))
+                plan = _kernels.plans.put(pkey, _kernels.LaunchPlan(
+                    f, dev, n, len(ptrs), kinds, cshape if ndim else (), cstrides if ndim else ()))
+            plan.launch(ptrs, svals)
+        return outs[0] if len(outs) == 1 else tuple(outs)

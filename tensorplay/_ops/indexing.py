@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Advanced indexing: one integer-tensor or boolean-mask index (with any basic
+indices beside it), for reading (a copy) and writing.
+
+Indices known on the host are bounds-checked at once (IndexError). Indices in
+device memory are checked by the kernel: an out-of-range index is never
+dereferenced; it raises a device-side error flag that the next synchronizing
+call (item, tolist, numpy, bool, synchronize) turns into an IndexError.
+"""
+
+from __future__ import annotations
+
+import numbers
+import struct
+
+import numpy as np
+
+from tensorplay import _dtypes as dt
+from tensorplay._tensor.tensor import Tensor, _as_source, _empty_cuda, copy_into, device_error_checks, empty, tensor
+from tensorplay._driver.memcpy import memcpy_dtoh, memset_d8_async
+from tensorplay._driver.stream import current_stream_handle_of
+from tensorplay._kernels import cache as _kernels
+from tensorplay._ops.elementwise import where
+from tensorplay._ops.views import getitem as basic_getitem
+
+_flags: dict = {}          # device -> int32 error flag in device memory
+_pending: set = set()      # devices with checked kernels launched since the last look
+
+
+def _flag(dev):
+    f = _flags.get(dev)
+    if f is None:
+        f = _flags[dev] = _empty_cuda((1,), dt.int32, dev)
+        memset_d8_async(f.data_ptr(), 0, 4, dev, current_stream_handle_of(dev))
+    return f
+
+
+def check_device_errors(dev):
+    """Raise IndexError if a kernel saw an out-of-range device index (and reset it)."""
+    if dev not in _pending:
+        return
+    _pending.discard(dev)
+    f = _flags[dev]
+    host = np.zeros(1, np.int32)
+    s = current_stream_handle_of(dev)
+    memcpy_dtoh(host.ctypes.data, f.data_ptr(), 4, dev, s)
+    if host[0]:
+        memset_d8_async(f.data_ptr(), 0, 4, dev, s)
+        raise IndexError("an index tensor held an out-of-range index (reported by a CUDA kernel; "
+                         "nothing was read or written out of bounds)")
+
+
+def _register():
+    if check_device_errors not in device_error_checks:
+        device_error_checks.append(check_device_errors)
+
+
+def is_advanced(ix):
+    """Whether one index entry is advanced: a tensor, list, array or CUDA array."""
+    return isinstance(ix, (Tensor, list, np.ndarray)) or (
+        isinstance(ix, tuple) is False and hasattr(ix, "__cuda_array_interface__"))
+
+
+def has_advanced(index):
+    """Whether ``index`` (an entry or a tuple of them) takes advanced indexing."""
+    return any(is_advanced(ix) for ix in (index if isinstance(index, tuple) else (index,)))
+
+
+def _split(t, index):
+    """(basic index with the advanced entry replaced by a full slice, the
+    advanced entry, the dimension it applies to in the basic view)."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    adv = [k for k, ix in enumerate(index) if is_advanced(ix)]
+    if len(adv) > 1:
+        raise IndexError("only one tensor, list or array index per indexing expression is supported")
+    k = adv[0]
+    n_real = sum(1 for ix in index if ix is not None and ix is not Ellipsis)
+    dim = 0
+    for ix in index[:k]:
+        if ix is Ellipsis:
+            dim += t.ndim - n_real
+        elif ix is None or isinstance(ix, slice):
+            dim += 1
+    adv_ix = index[k]
+    basic = index[:k] + (slice(None),) + index[k + 1:]
+    return basic, adv_ix, dim
+
+
+def _index_tensor(ix, device):
+    """The index as (CUDA or CPU tensor of int64 or bool, known_on_host)."""
+    if isinstance(ix, Tensor):
+        t = ix
+    else:
+        t = _as_source(ix)
+    if t.dtype.kind == "f":
+        raise IndexError(f"tensors used as indices must be integer or bool, not {t.dtype.name}")
+    return t, t.is_cpu
+
+
+def _check_host_bounds(ix, size, dim):
+    """IndexError for the first index outside [-size, size) (indices known on the host)."""
+    h = ix.numpy().astype(np.int64).reshape(-1)
+    bad = (h < -size) | (h >= size)
+    if bad.any():
+        raise IndexError(f"index {int(h[bad][0])} is out of bounds for dimension {dim} with size {size}")
+
+
+def _mask_to_indices(mask, view, dim):
+    """Boolean mask over dims [dim, dim+mask.ndim) -> (flattened view, int64 index)."""
+    shape = view.shape[dim:dim + mask.ndim]
+    if mask.shape != shape:
+        raise IndexError(f"the mask shape {mask.shape} does not match the indexed shape {shape}")
+    if mask.ndim > 1:
+        n = int(np.prod(shape))
+        view = view.reshape(view.shape[:dim] + (n,) + view.shape[dim + mask.ndim:])
+    host = mask.numpy().reshape(-1)          # the result's size depends on the data: a sync
+    idx = np.flatnonzero(host).astype(np.int64)
+    return view, idx
+
+
+def _gather_source(name, d, ndim, p, body):
+    return (f'extern "C" __global__ void {name}({d.ctype}* __restrict__ out, '
+            f"{d.ctype}* __restrict__ src, const long long* __restrict__ idx, long long n, "
+            f"long long dimsize, int* err, tp_g g) {{\n"
+            "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
+            "       i += (long long)gridDim.x * blockDim.x) {\n"
+            "    long long rem = i, off = 0;\n"
+            "    bool bad = false;\n"
+            f"    for (int d = {ndim - 1}; d >= 0; --d) {{\n"
+            "      long long c = rem % g.size[d]; rem /= g.size[d];\n"
+            f"      if (d == {p}) {{\n"
+            "        long long k = idx[c];\n"
+            "        if (k < 0) k += dimsize;\n"
+            "        if (k < 0 || k >= dimsize) { atomicExch(err, 1); bad = true; k = 0; }\n"
+            "        off += k * g.stride[d];\n"
+            "      } else off += c * g.stride[d];\n"
+            "    }\n"
+            "    if (bad) continue;   // never touch memory through a bad index\n"
+            f"    {body}\n"
+            "  }\n"
+            "}\n")
+
+
+def _kernel(kind, d, ndim, p, dev):
+    key = ("index", kind, d.code, ndim, p)
+
+    def make():
+        name = f"tp_{kind}_{d.name}_{ndim}_{p}"
+        body = "out[i] = src[off];" if kind == "gather" else "src[off] = out[i];"
+        src = _gather_source(name, d, ndim, p, body)
+        geom = f"struct tp_g {{ long long size[{ndim}]; long long stride[{ndim}]; }};\n"
+        return geom + src, name
+    return _kernels.cached_function(key, dev, make)
+
+
+def _run(kind, view, dim, idx, other):
+    """gather: other[...] = view[.., idx, ..]; scatter: view[.., idx, ..] = other[...].
+    ``other`` is contiguous with shape view.shape[:dim] + (len(idx),) + view.shape[dim+1:]."""
+    dev = view._device_index
+    n = other.numel()
+    if n == 0:
+        return
+    shape = other.shape
+    strides = view.strides
+    f = _kernel(kind, view.dtype, len(shape), dim, dev)
+    params = struct.pack("<QQQqqQ", other.data_ptr(), view.data_ptr(), idx.data_ptr(), n,
+                         view.shape[dim], _flag(dev).data_ptr())
+    params += struct.pack(f"<{2 * len(shape)}q", *shape, *strides)
+    f.launch(_kernels.grid_for(n, dev), _kernels.BLOCK, params)
+    _pending.add(dev)
+
+
+def getitem(t, index):
+    basic, adv_ix, dim = _split(t, index)
+    view = basic_getitem(t, basic)
+    ix, on_host = _index_tensor(adv_ix, view._device_index)
+    if ix.dtype is dt.bool_:
+        view, host_idx = _mask_to_indices(ix, view, dim)
+        out_idx_shape = (len(host_idx),)
+        ix = tensor(host_idx)
+        on_host = True
+    else:
+        out_idx_shape = ix.shape
+    if view.ndim <= dim:
+        raise IndexError(f"too many indices for a {t.ndim}-d tensor")
+    size = view.shape[dim]
+    if on_host:
+        _check_host_bounds(ix, size, dim)
+    flat = ix.reshape(-1)
+    out_shape = view.shape[:dim] + (flat.numel(),) + view.shape[dim + 1:]
+    final_shape = view.shape[:dim] + tuple(out_idx_shape) + view.shape[dim + 1:]
+    if view.is_cpu:
+        a = np.take(view.numpy(), flat.numpy().astype(np.int64), axis=dim)
+        return tensor(a.reshape(final_shape), dtype=view.dtype)
+    idx = flat.to(dt.int64).to(view.device).contiguous()
+    out = empty(out_shape, dtype=view.dtype, device=view.device)
+    _run("gather", view, dim, idx, out)
+    return out.view(final_shape)
+
+
+def setitem(t, index, value):
+    basic, adv_ix, dim = _split(t, index)
+    view = basic_getitem(t, basic)
+    ix, on_host = _index_tensor(adv_ix, view._device_index)
+    scalar = isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)
+    if ix.dtype is dt.bool_ and scalar and ix.shape == view.shape[dim:dim + ix.ndim] and dim == 0 \
+            and ix._device_index == view._device_index:
+        # masked fill without a host round trip: view = where(mask, value, view)
+        m = ix.reshape(ix.shape + (1,) * (view.ndim - ix.ndim))
+        where(m, value, view, out=view)
+        return
+    if ix.dtype is dt.bool_:
+        view, host_idx = _mask_to_indices(ix, view, dim)
+        ix = tensor(host_idx)
+        on_host = True
+    size = view.shape[dim]
+    if on_host:
+        _check_host_bounds(ix, size, dim)
+    flat = ix.reshape(-1)
+    shape = view.shape[:dim] + (flat.numel(),) + view.shape[dim + 1:]
+    src = empty(shape, dtype=view.dtype, device=view.device)
+    if scalar:
+        src.fill_(value)
+    else:
+        v = _as_source(value)
+        if v.shape != shape:
+            vshape = view.shape[:dim] + tuple(ix.shape) + view.shape[dim + 1:]
+            if v.ndim and v.shape == vshape:
+                v = v.reshape(shape)
+        src.copy_(v)
+    if view.is_cpu:
+        a = view.numpy()
+        sl = (slice(None),) * dim
+        a[sl + (flat.numpy().astype(np.int64),)] = src.numpy()
+        return
+    idx = flat.to(dt.int64).to(view.device).contiguous()
+    _run("scatter", view, dim, idx, src)
+
+
+_register()
+
+
+# ------------------------------------------------------------------ Tensor methods
+# installed on Tensor by _methods.install as __getitem__ / __setitem__
+
+def tensor_getitem(self, index):
+    if has_advanced(index):
+        return getitem(self, index)
+    return basic_getitem(self, index)
+
+
+def tensor_setitem(self, index, value):
+    if has_advanced(index):
+        return setitem(self, index, value)
+    target = basic_getitem(self, index)
+    if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray):
+        target.fill_(value)
+    else:
+        copy_into(target, value)
