@@ -1,16 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
+"""Fixtures and hooks of the whole suite; shared functions live in helpers.py.
+The ``cuda`` marker alone says a test needs a GPU: it is skipped here without one."""
 import gc
 
 import numpy as np
 import pytest
 
 import tensorplay as tp
-
-HAS_CUDA = tp.cuda.is_available()
-N_GPUS = tp.cuda.device_count()
-
-ALL_DTYPES = list(tp.ALL_DTYPES)
-FLOAT_DTYPES = [tp.float16, tp.bfloat16, tp.float32, tp.float64]
+from helpers import FUZZED_CALLS, HAS_CUDA, N_GPUS
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,31 +21,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter):
-    from gpu_helpers import FUZZED_CALLS
     if FUZZED_CALLS[0]:
         terminalreporter.write_line(f"fuzzed calls: {FUZZED_CALLS[0]}")
-
-
-def random_array(shape, dtype, rng, low=-50, high=50):
-    """Random host data representable exactly enough in ``dtype``."""
-    d = tp._dtypes.as_dtype(dtype)
-    if d.kind == "b":
-        return rng.random(shape) > 0.5
-    if d.kind == "u":
-        return rng.integers(0, 200, size=shape).astype(d.numpy_dtype)
-    if d.kind == "i":
-        lo, hi = (-100, 100) if d.itemsize == 1 else (low * 10, high * 10)
-        return rng.integers(lo, hi, size=shape).astype(d.numpy_dtype)
-    return rng.uniform(low, high, size=shape).astype(d.numpy_dtype)
-
-
-def activation_reference(r, activation):
-    """NumPy's ReLU or GELU (tanh approximation, as cuBLASLt's epilogue) of ``r``."""
-    if activation == "relu":
-        return np.maximum(r, 0)
-    if activation == "gelu":
-        return 0.5 * r * (1 + np.tanh(np.sqrt(2 / np.pi) * (r + 0.044715 * r ** 3)))
-    return r
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +32,17 @@ def _fresh_launch_plans():
     cache.plans.clear()
     yield
     cache.plans.clear()
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """A fresh kernel cache under ``tmp_path`` (TENSORPLAY_CACHE_DIR), the
+    in-memory cache cleared before and after; yields its kernels folder."""
+    from tensorplay._kernels import nvrtc
+    monkeypatch.setenv("TENSORPLAY_CACHE_DIR", str(tmp_path))
+    nvrtc.clear_memory_cache()
+    yield tmp_path / "kernels"
+    nvrtc.clear_memory_cache()
 
 
 @pytest.fixture

@@ -1,0 +1,238 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The generated CUDA C of the sort and sampling kernels, run on the CPU.
+
+tests/kernels/cuda_emulator.hpp gives the kernels just enough of CUDA (one OS thread
+per CUDA thread, the blocks one after another, __syncthreads as a barrier,
+warp shuffles, the __d*_rn intrinsics as single IEEE operations), so g++
+builds the very sources NVRTC compiles. The launches go through the real
+launchers of tensorplay._ops.sampling (their argument packing, grids and
+step schedule) with fake CUDA tensors over NumPy arrays, and the results
+are compared with NumPy: the stable argsort and the NumPy twins of
+sampling_kernels. Catches what compiling alone cannot (a missing barrier,
+a wrong index, a reduction that drops a warp); not timing, memory
+ordering between blocks, or what only the GPU's compiler does.
+"""
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import tensorplay as tp
+from tensorplay import _dtypes as dt
+from tensorplay._kernels import cache
+from tensorplay._kernels import codegen
+from tensorplay._kernels import sampling_kernels as sk
+from tensorplay._kernels import sort_kernels
+from tensorplay._ops import sampling as _sampling
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CXX = shutil.which("g++") or shutil.which("c++")
+
+
+def _all_sources():
+    """(name, source) of every kernel variant of the two modules."""
+    out = [(name, make()) for make, name in sort_kernels.SOURCES.values()]
+    for d in sk.WEIGHT_DTYPES:
+        for make in (sk.race_keys_source, sk.inverse_cdf_source):
+            src, name = make(d)
+            out.append((name, src))
+    return out
+
+
+_SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\((.*?)\)\s*\{', re.S)
+
+
+def _wrapper(name, source):
+    """A C entry point ``emu_<name>(grid, block, params)`` that unpacks the
+    8-byte argument slots of ``params`` (as cuLaunchKernel does) and runs the
+    kernel over the grid."""
+    found = _SIGNATURE.search(source)
+    assert found and found.group(1) == name, name
+    args = []
+    for k, param in enumerate(p.strip() for p in found.group(2).split(",")):
+        ctype = re.sub(r"\s*\b\w+$", "", param).replace("__restrict__", "").strip()
+        if "*" in ctype:
+            args.append(f"({ctype})(uintptr_t)p[{k}]")
+        elif ctype == "long long":
+            args.append(f"p[{k}]")
+        else:
+            raise AssertionError(f"{name}: no unpacking for parameter type {ctype!r}")
+    return (f'extern "C" void emu_{name}(unsigned int grid, unsigned int block, const long long* p) {{\n'
+            f"  tp_emu::launch(grid, block, [&] {{ {name}({', '.join(args)}); }});\n}}\n")
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """The kernels built for the CPU: a ctypes library with one emu_<name> per kernel."""
+    if CXX is None:
+        pytest.skip("no C++ compiler")
+    folder = tmp_path_factory.mktemp("emulated")
+    probe = folder / "probe.cpp"
+    probe.write_text(f'#include "{os.path.join(HERE, "cuda_emulator.hpp")}"\nint main() {{ return 0; }}\n')
+    if subprocess.run([CXX, "-std=c++20", "-pthread", "-fsyntax-only", str(probe)], capture_output=True).returncode:
+        pytest.skip(f"{CXX} cannot build the emulator (C++20 with <barrier> needed)")
+    parts = [f'#include "{os.path.join(HERE, "cuda_emulator.hpp")}"\n']
+    for name, src in _all_sources():
+        body = src.replace(codegen.PREAMBLE, "")        # its PTX conversions: the emulator has its own
+        parts.append(f"namespace ns_{name} {{\n{body}\n}}\nusing ns_{name}::{name};\n")
+        parts.append(_wrapper(name, src))
+    cpp, lib = folder / "kernels.cpp", folder / "kernels.so"
+    cpp.write_text("".join(parts))
+    res = subprocess.run([CXX, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-pthread",
+                          "-shared", "-fPIC", "-o", str(lib), str(cpp)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return ctypes.CDLL(str(lib))
+
+
+class _EmulatedFunction:
+    """A loaded kernel's stand-in: launch() runs the emulated kernel."""
+
+    def __init__(self, lib, name):
+        self.entry = getattr(lib, f"emu_{name}")
+        self.launches = []
+
+    def launch(self, grid, block, params, shared_mem=0, stream=None):
+        assert isinstance(grid, int) and isinstance(block, int), (grid, block)
+        assert len(params) % 8 == 0
+        self.launches.append((grid, block))
+        buf = ctypes.create_string_buffer(params, len(params))
+        self.entry(ctypes.c_uint(grid), ctypes.c_uint(block), buf)
+
+
+class FakeCudaTensor:
+    """What the launchers read of a CUDA tensor, over a NumPy array."""
+    is_cpu = False
+    _device_index = 0
+
+    def __init__(self, array, dtype=None):
+        self.array = np.ascontiguousarray(array)
+        self.dtype = dtype or dt.from_numpy_dtype(self.array.dtype)
+        self.shape = self.array.shape
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def view(self, *shape):
+        return FakeCudaTensor(self.array.reshape(shape), self.dtype)
+
+
+@pytest.fixture
+def kernels(emulated, monkeypatch):
+    """Route the launchers to the emulated kernels and fake CUDA allocations."""
+    functions = {}
+
+    def cached_function(key, device, make):
+        if key not in functions:
+            _src, name = make()
+            functions[key] = _EmulatedFunction(emulated, name)
+        return functions[key]
+
+    monkeypatch.setattr(cache, "cached_function", cached_function)
+    monkeypatch.setattr(_sampling, "_empty_cuda",
+                        lambda shape, dtype, dev: FakeCudaTensor(np.empty(shape, dtype=dtype.numpy_dtype)))
+    monkeypatch.setitem(cache._sm_cache, 0, 4)          # a small GPU: grid-stride loops take several turns
+    return functions
+
+
+@pytest.mark.parametrize("rows, n", [(1, 1), (1, 2), (1, 3), (1, 1000), (1, 2048), (1, 4096),
+                                     (1, 5000), (3, 700), (5, 3), (2, 2049)])
+def test_sort_rows_gives_the_stable_argsort(kernels, rows, n):
+    rng = np.random.default_rng(n * 7 + rows)
+    keys = rng.integers(0, 2 ** 64, size=(rows, n), dtype=np.uint64)
+    keys[:, ::3] = rng.integers(0, 4, size=keys[:, ::3].shape)     # many ties
+    if n > 2:
+        keys[:, 1] = np.uint64(sort_kernels.PAD_KEY)                # a real key equal to the padding's
+    order = _sampling.sort_rows(FakeCudaTensor(keys.view(np.int64)), rows, n).array
+    padded = sort_kernels.padded_length(n)
+    assert order.shape == (rows, padded)
+    np.testing.assert_array_equal(order[:, :n], np.argsort(keys, axis=1, kind="stable"))
+    np.testing.assert_array_equal(order[:, n:], np.broadcast_to(np.arange(n, padded), (rows, padded - n)))
+    steps = sort_kernels.sort_steps(padded)
+    assert sum(len(f.launches) for f in kernels.values()) == len(steps)
+
+
+def _uniforms(rng, shape):
+    """Uniforms on rand's float64 grid (multiples of 2**-53), the extremes included."""
+    u = rng.integers(0, 2 ** 53, size=shape) * 2.0 ** -53
+    u.flat[0] = 0.0
+    u.flat[-1] = 1 - 2.0 ** -53
+    return u
+
+
+def _weights(rng, rows, n, d):
+    w = rng.random((rows, n)) * 10.0 ** rng.integers(-3, 3, size=(rows, n))
+    w[rng.random((rows, n)) < 0.3] = 0.0
+    w[:, 0] = 0.0
+    w[:, -1] = 0.0
+    if n > 2:
+        w[:, 1] = 1.0                                   # every row has a positive weight
+    return w.astype(d.numpy_dtype)
+
+
+@pytest.mark.parametrize("d", sk.WEIGHT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("rows, n", [(1, 5), (3, 300), (2, 1537)])
+def test_race_keys_kernel_matches_its_numpy_twin_bit_for_bit(kernels, d, rows, n):
+    rng = np.random.default_rng(n + rows)
+    w = _weights(rng, rows, n, d)
+    u = _uniforms(rng, (rows, n))
+    status = np.zeros(1, dtype=np.int32)
+    keys = _sampling.race_keys_cuda(FakeCudaTensor(w, d), FakeCudaTensor(u), 2, FakeCudaTensor(status)).array
+    np.testing.assert_array_equal(keys, sk.race_keys(w.astype(np.float64), u))
+    assert status[0] == 0
+
+
+@pytest.mark.parametrize("d", sk.WEIGHT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("rows, n, k", [(1, 5, 3), (2, 255, 40), (1, 257, 600), (3, 4000, 100)])
+def test_inverse_cdf_kernel_matches_its_numpy_twin(kernels, d, rows, n, k):
+    rng = np.random.default_rng(n * 3 + k)
+    w = _weights(rng, rows, n, d)
+    w64 = w.astype(np.float64)
+    chunk = sk.cdf_chunk_length(n)
+    x = np.linspace(0, 1, k, endpoint=False)
+    u = _uniforms(rng, (rows, k))
+    # uniforms landing exactly on cumulative sums at chunk boundaries
+    c, total = sk.chunked_cdf(w64)
+    for r in range(rows):
+        for s, i in enumerate(range(chunk - 1, n, chunk)[: k // 4]):
+            u[r, s] = c[r, i] / total[r]
+    u[:, -2] = x[-1]
+    status = np.zeros(1, dtype=np.int32)
+    picks = _sampling.inverse_cdf_cuda(FakeCudaTensor(w, d), FakeCudaTensor(u), k, FakeCudaTensor(status)).array
+    np.testing.assert_array_equal(picks, sk.inverse_cdf(w64, u))
+    assert (w64[np.arange(rows)[:, None], picks] > 0).all()
+    assert status[0] == 0
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_kernels_report_invalid_rows_as_the_numpy_twin_does(kernels, replacement):
+    d = tp.float32
+    cases = {
+        "negative": [[1.0, -1.0, 2.0]], "nan": [[1.0, np.nan, 2.0]], "inf": [[np.inf, 1.0, 1.0]],
+        "zero row": [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], "one positive": [[0.0, 3.0, 0.0]],
+    }
+    for what, rows in cases.items():
+        w = np.array(rows, dtype=np.float32)
+        k = 2
+        status = np.zeros(1, dtype=np.int32)
+        if replacement:
+            u = np.full((w.shape[0], k), 0.5)
+            picks = _sampling.inverse_cdf_cuda(FakeCudaTensor(w, d), FakeCudaTensor(u), k,
+                                               FakeCudaTensor(status)).array
+        else:
+            u = np.full(w.shape, 0.5)
+            _sampling.race_keys_cuda(FakeCudaTensor(w, d), FakeCudaTensor(u), k, FakeCudaTensor(status))
+            picks = np.zeros(1, dtype=np.int64)
+        expected = sk.row_status(w.astype(np.float64), k, replacement)
+        assert status[0] == expected, what
+        assert ((picks >= 0) & (picks < w.shape[1])).all(), what     # in range even for invalid rows
+    big = np.array([[np.finfo(np.float64).max, np.finfo(np.float64).max]])
+    status = np.zeros(1, dtype=np.int32)
+    if replacement:
+        _sampling.inverse_cdf_cuda(FakeCudaTensor(big), FakeCudaTensor(np.full((1, 1), 0.5)), 1,
+                                   FakeCudaTensor(status))
+        assert status[0] == sk.SUM_OVERFLOW == sk.row_status(big, 1, True)
