@@ -11,13 +11,41 @@
 #   3. the repair command of [tool.cibuildwheel.linux] in pyproject.toml
 #      (auditwheel repair, the NVIDIA libraries loaded at run time excluded)
 #      writes the manylinux wheel into dist/;
-#   4. .venv is recreated and gets that wheel plus the test, typing and docs tools.
+#   4. .venv is recreated and gets that wheel plus the test, typing and docs tools;
+#   5. Graphviz's `dot` (three tests render DOT with it) is installed with
+#      apt-get where it is missing and this runs as root; otherwise those
+#      tests skip, saying so.
 # The tests then run against the installed wheel, so a file missing from the
-# sdist or the wheel fails them. Safe to run again.
+# sdist or the wheel fails them. Safe to run again: when .venv already holds a
+# build of the same commit (the sdist holds committed files only) made by this
+# same script, it stops after a few checks; TENSORPLAY_REBUILD=1 forces a
+# rebuild. For an incremental developer build instead, see the README
+# ("Developing").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 t0=$SECONDS
+
+if ! command -v dot >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq graphviz) >/dev/null 2>&1 \
+            || echo "Graphviz could not be installed; the three tests that render DOT will skip"
+    else
+        echo "Graphviz's dot is not installed; the three tests that render DOT will skip"
+    fi
+fi
+
+# What the build is made of: the committed tree, this script and the Python.
+stamp="$(git rev-parse 'HEAD^{tree}') $(sha256sum "$0" | cut -c1-16) $("$PY" -c 'import sys; print(sys.version)')"
+if [ "${TENSORPLAY_REBUILD:-0}" != 1 ] && [ -f .venv/.tensorplay-build ] \
+        && [ "$(cat .venv/.tensorplay-build)" = "$stamp" ] \
+        && .venv/bin/python -P -c "import tensorplay" 2>/dev/null; then
+    echo "tensorplay in .venv is up to date with commit $(git rev-parse --short HEAD) (TENSORPLAY_REBUILD=1 rebuilds)"
+    exit 0
+fi
+if ! git diff --quiet HEAD 2>/dev/null; then
+    echo "note: uncommitted changes are not in the build (the sdist holds committed files only)"
+fi
 
 [ -x .venv-build/bin/python ] || "$PY" -m venv .venv-build
 .venv-build/bin/python -m pip install -q --upgrade pip
@@ -51,3 +79,4 @@ rm -rf .venv
     "sphinx>=8" "myst-parser>=4" "auditwheel>=6.1"
 echo "tensorplay $(.venv/bin/python -P -c 'import tensorplay; print(tensorplay.__version__)')" \
      "installed in .venv from $wheel ($((SECONDS - t0)) s)"
+echo "$stamp" > .venv/.tensorplay-build
