@@ -1,0 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``python -m tensorplay``: show the configuration and, with a GPU, run a short self-check."""
+
+import sys
+
+from tensorplay._selfcheck import main
+
+sys.exit(main())
