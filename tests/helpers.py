@@ -302,7 +302,7 @@ def host_source(op, out, variant=None):
 
 def host_values(folder, op, out, seed, offset, n, scalars=(), inp=None, variant=None):
     """Run the generated C (built on the host) for ``op``: the values, as
-    ``tensorplay._random.philox.values`` returns them."""
+    ``tensorplay._kernels.philox.values`` returns them."""
     src, dist = host_source(op, out, variant)
     lib_path = os.path.join(folder, f"rng_{hashlib.sha256(src.encode()).hexdigest()[:16]}.so")
     if not os.path.exists(lib_path):

@@ -2,7 +2,7 @@
 """CUDA C of the random kernels: Philox4x32-10, the exact transforms and the
 device-resident generator state.
 
-The arithmetic is ``tensorplay._random.philox``'s, operation for operation,
+The arithmetic is ``tensorplay._kernels.philox``'s, operation for operation,
 with its constants (as hexadecimal literals) and with IEEE intrinsics
 (``__fadd_rn``, ``__fmul_rn``, ``__fdiv_rn``, ``__fsqrt_rn`` and the double
 ones) that are never contracted into fused multiply-adds; the kernels are
@@ -28,9 +28,9 @@ from __future__ import annotations
 import struct
 
 from tensorplay import _dtypes as dt
-from tensorplay._random import philox as _philox
 from tensorplay._kernels import cache
 from tensorplay._kernels import codegen
+from tensorplay._kernels import philox as _philox
 
 BLOCK = 256
 STATE_BYTES = 32          # seed, offset, done-counter, padding

@@ -5,7 +5,7 @@ draws, dropout, and the in-place methods (``uniform_``, ``normal_``,
 
 Each op draws from one generator (``generator=``, else the device's
 default) at its current offset and advances the offset by one (see
-``tensorplay._random.philox`` for the layout). The CPU path is NumPy over
+``tensorplay._kernels.philox`` for the layout). The CPU path is NumPy over
 the same Philox stream and the same exact arithmetic as the CUDA kernels,
 so both give the same bits for the same seed. Elements are numbered in
 row-major order of the shape, whatever the strides.
@@ -20,7 +20,7 @@ import numpy as np
 
 from tensorplay import _dtypes as dt
 from tensorplay._kernels import random_kernels as _rk
-from tensorplay._random import philox as _philox
+from tensorplay._kernels import philox as _philox
 from tensorplay._random.generator import generator_for
 from tensorplay._tensor.tensor import Tensor, _empty_cuda, _like, _overlaps, _parse_size, _resolve_device, _resolve_dtype, copy_into, empty
 

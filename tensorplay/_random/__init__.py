@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Random numbers: the Philox4x32-10 stream and its exact transforms in NumPy
-(``philox``, the CPU path and the reference the generated CUDA code matches
-bit for bit) and the generators (``generator``). This package's
-``__init__`` imports nothing, so the kernel generator can read ``philox``'s
-constants without importing the generators above it."""
+"""Random numbers: the generators and seeding functions (``generator``) and
+the CUDA devices' default generators (``cuda``). The Philox stream they draw
+from, its exact transforms in NumPy (the CPU path) and the CUDA kernels that
+match it bit for bit live in the kernels floor (``tensorplay._kernels.philox``
+and ``random_kernels``)."""

@@ -3,7 +3,7 @@
 and the seeding functions.
 
 A generator is a Philox4x32-10 stream: a 64-bit seed and a 64-bit offset
-(``tensorplay._random.philox`` defines the layout). A CPU generator keeps
+(``tensorplay._kernels.philox`` defines the layout). A CPU generator keeps
 both on the host. A CUDA generator keeps them in 32 bytes of device memory
 from the device's ordinary pool (never a graph's): the random kernels read
 seed and offset there and advance the offset themselves, so graph replays
@@ -32,7 +32,7 @@ from tensorplay._kernels import random_kernels as _rk
 from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtoh
 from tensorplay._driver.stream import current_stream, current_stream_handle_of
 from tensorplay._tensor.tensor import Tensor as _Tensor, _new_cpu, _resolve_device
-from tensorplay._random.philox import DEFAULT_SEED
+from tensorplay._kernels.philox import DEFAULT_SEED
 
 if TYPE_CHECKING:
     from tensorplay import Tensor          # the public class users' type checkers see

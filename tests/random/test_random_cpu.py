@@ -14,7 +14,7 @@ import tensorplay as tp
 from helpers import HOST_CXX, check_exponential, check_normal, check_uniform, host_values
 from tensorplay._kernels import nvrtc as _nvrtc
 from tensorplay._kernels import random_kernels as rk
-from tensorplay._random import philox
+from tensorplay._kernels import philox
 
 N = 10 ** 6
 FLOATS = [tp.float16, tp.bfloat16, tp.float32, tp.float64]

@@ -14,7 +14,7 @@ import pytest
 
 import tensorplay as tp
 from helpers import check_exponential, check_normal, check_uniform, warm
-from tensorplay._random import philox
+from tensorplay._kernels import philox
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda
