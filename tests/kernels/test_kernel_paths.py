@@ -108,6 +108,7 @@ def test_flat_kernels_compile_for_mixed_dtypes_fill_and_index_expressions():
 
 # ------------------------------------------------------------------ reductions
 
+from tensorplay._kernels import reduce_kernels as _rk  # noqa: E402
 from tensorplay._ops import reduce as _reduce  # noqa: E402
 
 
@@ -128,34 +129,34 @@ from tensorplay._ops import reduce as _reduce  # noqa: E402
     ((), (), ("row", 1, 1)),
 ])
 def test_reduction_strategy(shape, dims, expected):
-    assert _reduce.reduction_strategy(shape, dims) == expected
+    assert _rk.reduction_strategy(shape, dims) == expected
 
 
 def test_row_plans_fill_the_gpu_and_keep_chunks_aligned():
     sms = 132
-    warps, chunks, chunk_len = _reduce.row_plan(1, 64 << 20, sms)
-    assert warps == 8 and chunks == sms * _reduce.BLOCKS_PER_SM and chunk_len % 16 == 0
+    warps, chunks, chunk_len = _rk.row_plan(1, 64 << 20, sms)
+    assert warps == 8 and chunks == sms * _rk.BLOCKS_PER_SM and chunk_len % 16 == 0
     assert (chunks - 1) * chunk_len < 64 << 20 <= chunks * chunk_len
-    assert _reduce.row_plan(8192, 8192, sms) == (8, 1, 8192)          # a block per row
-    assert _reduce.row_plan(1 << 20, 128, sms) == (1, 1, 128)         # a warp per row
-    assert _reduce.row_plan(1, 1000, sms) == (8, 1, 1008)             # one block, chunk rounded to 16
-    w, c, l = _reduce.row_plan(16, 1 << 20, sms)
-    assert 16 * c >= sms * _reduce.BLOCKS_PER_SM and c * l >= 1 << 20 and l % 16 == 0
+    assert _rk.row_plan(8192, 8192, sms) == (8, 1, 8192)          # a block per row
+    assert _rk.row_plan(1 << 20, 128, sms) == (1, 1, 128)         # a warp per row
+    assert _rk.row_plan(1, 1000, sms) == (8, 1, 1008)             # one block, chunk rounded to 16
+    w, c, l = _rk.row_plan(16, 1 << 20, sms)
+    assert 16 * c >= sms * _rk.BLOCKS_PER_SM and c * l >= 1 << 20 and l % 16 == 0
     for inner in (16384, 16385, 99999, 1 << 24):
-        w, c, l = _reduce.row_plan(3, inner, sms)
+        w, c, l = _rk.row_plan(3, inner, sms)
         assert (c - 1) * l < inner <= c * l and l % 16 == 0
 
 
 def test_column_plans_split_rows_until_the_grid_fills_the_gpu():
     sms = 132
-    splits, rows = _reduce.column_plan(1, 8192, 8192, 4, sms)     # 64 column blocks
-    assert splits == 17 or splits * 64 >= sms * _reduce.BLOCKS_PER_SM
+    splits, rows = _rk.column_plan(1, 8192, 8192, 4, sms)     # 64 column blocks
+    assert splits == 17 or splits * 64 >= sms * _rk.BLOCKS_PER_SM
     assert (splits - 1) * rows < 8192 <= splits * rows
-    assert _reduce.column_plan(64, 8192, 8192, 4, sms) == (1, 8192)   # 4096 blocks: no split
-    splits, rows = _reduce.column_plan(1, 100, 16, 4, sms)
+    assert _rk.column_plan(64, 8192, 8192, 4, sms) == (1, 8192)   # 4096 blocks: no split
+    splits, rows = _rk.column_plan(1, 100, 16, 4, sms)
     assert splits == 1 and rows == 100                                # too few rows to split
-    assert _reduce.column_width(4) == 4 and _reduce.column_width(2) == 8 and _reduce.column_width(8) == 2
-    assert _reduce.column_width(1) == _reduce.COL_MAX_WIDTH
+    assert _rk.column_width(4) == 4 and _rk.column_width(2) == 8 and _rk.column_width(8) == 2
+    assert _rk.column_width(1) == _rk.COL_MAX_WIDTH
 
 
 class _Launches:
@@ -199,7 +200,7 @@ def test_sum_over_the_outer_dimension_runs_column_kernels_without_a_copy(launche
     _reduce.reduce("sum", _fake((8192, 8192), tp.float32), 0)
     (k1, g1, b1, p1), (k2, g2, b2, p2) = launches
     assert k1[1] == "column" and k2[1] == "column"
-    splits, rows = _reduce.column_plan(1, 8192, 8192, 4, 132)
+    splits, rows = _rk.column_plan(1, 8192, 8192, 4, 132)
     assert g1 == (64, splits) and b1 == 256
     a, r, b, rps, colblocks, vw = struct.unpack_from("<6q", p1, 32)
     assert (a, r, b, rps, colblocks, vw) == (1, 8192, 8192, rows, 64, 4)
@@ -220,7 +221,7 @@ def test_row_sums_use_one_block_per_row_and_vectors_only_when_aligned(launches):
     launches.clear()
     _reduce.reduce("sum", _fake((1 << 20,), tp.float32, ptr=0x100004))   # x[1:]
     (k1, g1, _, p1), (k2, g2, _, p2) = launches
-    assert struct.unpack_from("<5q", p1, 32)[-1] == 1 and g1 == (1 << 20) // _reduce.ROW_CHUNK_MIN
+    assert struct.unpack_from("<5q", p1, 32)[-1] == 1 and g1 == (1 << 20) // _rk.ROW_CHUNK_MIN
     assert k2[4] is True and g2 == 1
 
 
@@ -238,12 +239,12 @@ def test_full_reduction_is_two_launches_with_the_partials_in_a_fixed_order(launc
 
 @pytest.mark.parametrize("op", ["sum", "argmax", "amin", "any"])
 def test_reduction_kernels_make_vector_loads(op):
-    kind, with_index = _reduce._KINDS[op]
+    kind, with_index = _rk.KINDS[op]
     for d in (tp.float32, tp.bfloat16):
-        acc, out = _reduce._acc_dtype(op, d), _reduce._result_dtype(op, d, None)
-        for src in (_reduce._row_source("r", kind, with_index, d, False, acc, out, True, False, 8),
-                    _reduce._row_source("r", kind, with_index, d, False, acc, out, True, False, 1),
-                    _reduce._column_source("c", kind, with_index, d, False, acc, out, True, False)):
+        acc, out = _rk.acc_dtype(op, d), _reduce._result_dtype(op, d, None)
+        for src in (_rk.row_source("r", kind, with_index, d, False, acc, out, True, False, 8),
+                    _rk.row_source("r", kind, with_index, d, False, acc, out, True, False, 1),
+                    _rk.column_source("c", kind, with_index, d, False, acc, out, True, False)):
             loads = [l for l in ptx_of(src).splitlines() if "ld.global" in l]
             assert any(".v4." in l or ".v2." in l for l in loads), (op, d.name)
 

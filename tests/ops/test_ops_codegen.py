@@ -15,6 +15,7 @@ import tensorplay as tp
 from tensorplay._kernels import nvrtc as _nvrtc
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels import codegen as _codegen
+from tensorplay._kernels import reduce_kernels as _rk
 from tensorplay._ops import elementwise as _elementwise
 from tensorplay._ops import indexing as _indexing
 from tensorplay._ops import reduce as _reduce
@@ -82,20 +83,20 @@ def test_where_and_mixed_dtype_binary_ops_compile(recorder):
     compile_all(recorder)
 
 
-@pytest.mark.parametrize("op", list(_reduce._KINDS))
+@pytest.mark.parametrize("op", list(_rk.KINDS))
 def test_reduction_kernels_compile(op):
-    kind, with_index = _reduce._KINDS[op]
+    kind, with_index = _rk.KINDS[op]
     for d in tp.ALL_DTYPES:
-        acc = _reduce._acc_dtype(op, d)
+        acc = _rk.acc_dtype(op, d)
         out = _reduce._result_dtype(op, d, None)
         for in_is_acc, final, scaled in [(False, True, False), (False, False, False), (True, True, False),
                                          (True, True, True)]:
             if scaled and op != "sum":
                 continue
             for warps in (1, 8):
-                src = _reduce._row_source("r", kind, with_index, d, in_is_acc, acc, out, final, scaled, warps)
+                src = _rk.row_source("r", kind, with_index, d, in_is_acc, acc, out, final, scaled, warps)
                 assert _nvrtc.compile_cubin(src, "r.cu", (), ARCH)[:4] == b"\x7fELF"
-            src = _reduce._column_source("c", kind, with_index, d, in_is_acc, acc, out, final, scaled)
+            src = _rk.column_source("c", kind, with_index, d, in_is_acc, acc, out, final, scaled)
             assert _nvrtc.compile_cubin(src, "c.cu", (), ARCH)[:4] == b"\x7fELF"
 
 
