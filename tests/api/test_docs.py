@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Sphinx documentation builds with warnings as errors (CPU: runs on CI),
-its API reference has an entry for every public name, and its offline
-intersphinx inventories are what docs/make_inventories.py writes."""
+its API reference has an entry for every public name, its offline
+intersphinx inventories are what docs/make_inventories.py writes, and the
+README and the docs point to nothing outside the repository."""
 
 import inspect
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -144,3 +147,31 @@ def test_offline_inventories_are_current(tmp_path):
         os.makedirs(tmp_path / "_inventories", exist_ok=True)
         with open(make_inventories.write(name, project, entries), "rb") as f:
             assert f.read() == committed, f"docs/_inventories/{name}.inv is stale: run docs/make_inventories.py"
+
+
+# A path the README or the docs name: from the repository root, or relative (../)
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:\.\./)+[\w./-]*|(?:tests|docs|scripts|benchmarks|examples|src|tensorplay)"
+                        r"/[\w./-]*\.(?:pyx|pxd|pyi|py|md|rst|sh|hpp|txt|ini|toml|in)(?!\w))")
+
+
+def test_readme_and_docs_name_only_files_of_the_repository():
+    """A clone or an sdist has what the README and the docs point to: no
+    path out of the repository, none into git-ignored folders, and every
+    file named from the repository root exists."""
+    root = pathlib.Path(ROOT)
+    pages = [root / "README.md"] + sorted(p for p in (root / "docs").rglob("*")
+                                           if p.suffix in (".md", ".rst") and "_build" not in p.parts)
+    bad = []
+    for page in pages:
+        text = page.read_text()
+        if ".device/" in text:
+            bad.append(f"{page.relative_to(root)}: names .device/ (not in the repository)")
+        for m in _REPO_PATH.finditer(text):
+            name = m.group(1).rstrip(".")
+            if name.startswith("../"):
+                target = (page.parent / name).resolve()
+                if root.resolve() not in (target, *target.parents):
+                    bad.append(f"{page.relative_to(root)}: {name} is outside the repository")
+            elif not (root / name).exists():
+                bad.append(f"{page.relative_to(root)}: {name} does not exist")
+    assert not bad, "\n".join(bad)
