@@ -18,9 +18,10 @@ import threading
 from collections import OrderedDict
 
 from tensorplay._driver.context import get_device_capability, get_device_properties
-from tensorplay._driver.launch import LaunchPacker, Module
+from tensorplay._driver.launch import Module
 from tensorplay._kernels import codegen as _codegen
 from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._kernels.packer import LaunchPacker
 
 BLOCK = 256
 

@@ -20,6 +20,7 @@ cdef class Function:
 
 
 cdef bint is_own_function(cydriver.CUfunction func) noexcept
+cdef int launch_dims(object d, unsigned int* out, str what) except -1
 
 
 cdef inline void fill_launch_extra(void** extra, const void* params, size_t* params_size) noexcept nogil:
