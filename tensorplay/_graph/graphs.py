@@ -2,9 +2,10 @@
 """CUDA graphs: capture GPU work once, replay it for the cost of one launch.
 
 ``CUDAGraph`` validates arguments here and inherits capture, replay and
-lifetime handling from the compiled ``tensorplay._graph.capture.CUDAGraphBase``;
-``replay`` is that base class's method, so a replay is one call into C with
-the GIL released around ``cuGraphLaunch``.
+lifetime handling from the compiled ``tensorplay._graph.capture.CUDAGraphBase``
+(replay, staging and rebinding from its base, ``tensorplay._graph.replay``);
+``replay`` is a compiled method, so a replay is one call into C with the GIL
+released around ``cuGraphLaunch``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overl
 
 from tensorplay._memory.allocator import graph_pool_handle
 from tensorplay._driver.context import CudaError, current_device, driver_version
-from tensorplay._graph.capture import CAPTURE_MODES, MAX_SWITCH_CASES, CUDAGraphBase, is_stream_capturing
+from tensorplay._graph.capture import CUDAGraphBase
+from tensorplay._graph.conditionals import IF_NODE, MAX_SWITCH_CASES, SWITCH_NODE, WHILE_NODE
 from tensorplay._driver.launch import Function
 from tensorplay._graph import kernels as graph_kernels
-from tensorplay._driver.stream import current_stream, stream as use_stream, warmup_stream
+from tensorplay._driver.stream import current_stream, stream as use_stream
+from tensorplay._graph.streams import CAPTURE_MODES, is_stream_capturing, warmup_stream
 from tensorplay._tensor.tensor import Tensor as _Tensor
 from tensorplay.types import CaptureErrorMode, PoolLike, StreamLike
 from tensorplay._graph import dot as _dot
@@ -42,8 +45,6 @@ R3 = TypeVar("R3")
 
 __all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables"]
-
-_IF, _WHILE, _SWITCH = _structured.IF, _structured.WHILE, _structured.SWITCH
 
 
 def _pool_id_of(pool: PoolLike) -> int:
@@ -184,16 +185,6 @@ class CUDAGraph(CUDAGraphBase):
         if self.is_capturing:
             raise RuntimeError("instantiate: the capture is still open; call capture_end()")
         raise RuntimeError("instantiate: nothing captured (or the graph was reset)")
-
-    def reset(self) -> None:
-        """Destroy the executable and release the graph's hold on its memory pool.
-
-        Tensors allocated during the capture should be released first; those
-        still alive keep their memory valid (it is never freed under a live
-        tensor) and it returns to the device once they die and
-        :func:`tensorplay.cuda.empty_cache` runs. The graph can capture again.
-        """
-        self._reset()
 
     # ------------------------------------------------------------ introspection
 
@@ -340,7 +331,7 @@ class CUDAGraph(CUDAGraphBase):
         if not isinstance(with_else, bool):
             raise TypeError(f"begin_capture_to_if_node: with_else must be a bool, got {type(with_else).__name__}")
         p = self._check_pred(scalar_pred, "begin_capture_to_if_node", with_else)
-        self._begin_conditional(_IF, p.data_ptr(), p, 2 if with_else else 1)
+        self._begin_conditional(IF_NODE, p.data_ptr(), p, 2 if with_else else 1)
 
     def begin_capture_to_else_branch(self) -> None:
         """End the then body of the innermost open IF node (opened with
@@ -351,7 +342,7 @@ class CUDAGraph(CUDAGraphBase):
         Raises RuntimeError, before any driver call and leaving the capture
         as it was, outside an IF node with an else body or for a second else.
         """
-        self._begin_branch(_IF, 1, "begin_capture_to_else_branch")
+        self._begin_branch(IF_NODE, 1, "begin_capture_to_else_branch")
 
     def begin_capture_to_while_node(self, scalar_pred: Tensor) -> None:
         """Capture the following work into the body of a WHILE node: at replay
@@ -359,7 +350,7 @@ class CUDAGraph(CUDAGraphBase):
         iteration and again at the end of every iteration (so a body that
         updates the predicate ends the loop)."""
         p = self._check_pred(scalar_pred, "begin_capture_to_while_node")
-        self._begin_conditional(_WHILE, p.data_ptr(), p)
+        self._begin_conditional(WHILE_NODE, p.data_ptr(), p)
 
     def begin_capture_to_switch_node(self, index: Tensor, num_cases: int) -> None:
         """Add a SWITCH node of ``num_cases`` bodies: at replay, body ``k``
@@ -381,7 +372,7 @@ class CUDAGraph(CUDAGraphBase):
         """
         n = self._check_num_cases(num_cases, "begin_capture_to_switch_node")
         i = self._check_index(index, "begin_capture_to_switch_node")
-        self._begin_conditional(_SWITCH, i.data_ptr(), i, n, False, i.dtype.name)
+        self._begin_conditional(SWITCH_NODE, i.data_ptr(), i, n, False, i.dtype.name)
 
     def begin_capture_to_switch_case(self, case: int) -> None:
         """Capture the following work into case ``case`` of the innermost
@@ -395,7 +386,7 @@ class CUDAGraph(CUDAGraphBase):
         """
         if isinstance(case, bool) or not isinstance(case, numbers.Integral):
             raise TypeError(f"begin_capture_to_switch_case: case must be an int, got {type(case).__name__}")
-        self._begin_branch(_SWITCH, int(case), "begin_capture_to_switch_case")
+        self._begin_branch(SWITCH_NODE, int(case), "begin_capture_to_switch_case")
 
     def end_capture_to_conditional_node(self) -> None:
         """Close the innermost open conditional node (its open body or case,
@@ -424,15 +415,15 @@ class CUDAGraph(CUDAGraphBase):
         self._set_conditional(p.data_ptr(), p)
 
     def _begin_node(self, kind: int, pred: Tensor, num_bodies: int) -> None:
-        """Open an IF/ELSE (kind 0, two bodies) or SWITCH (kind 2) node with no
-        branch open: the structured form's outer block."""
-        if kind == _SWITCH:
+        """Open an IF/ELSE (two bodies) or SWITCH node with no branch open:
+        the structured form's outer block."""
+        if kind == SWITCH_NODE:
             n = self._check_num_cases(num_bodies, "switch")
             i = self._check_index(pred, "switch")
-            self._begin_conditional(_SWITCH, i.data_ptr(), i, n, False, i.dtype.name)
+            self._begin_conditional(SWITCH_NODE, i.data_ptr(), i, n, False, i.dtype.name)
         else:
             p = self._check_pred(pred, "if_else", True)
-            self._begin_conditional(_IF, p.data_ptr(), p, 2, False)
+            self._begin_conditional(IF_NODE, p.data_ptr(), p, 2, False)
 
     # ------------------------------------------------------------ structured conditional nodes
 
@@ -441,12 +432,12 @@ class CUDAGraph(CUDAGraphBase):
         (:meth:`begin_capture_to_if_node` on entry,
         :meth:`end_capture_to_conditional_node` on exit). An exception in the
         block discards the whole capture and leaves the graph reset."""
-        return _structured.Body(self, _IF, scalar_pred)
+        return _structured.Body(self, IF_NODE, scalar_pred)
 
     def while_(self, scalar_pred: Tensor) -> _structured.Body:
         """``with g.while_(pred): ...``: the block is the body of a WHILE node
         (see :meth:`begin_capture_to_while_node`)."""
-        return _structured.Body(self, _WHILE, scalar_pred)
+        return _structured.Body(self, WHILE_NODE, scalar_pred)
 
     def if_else(self, scalar_pred: Tensor) -> _structured.IfElse:
         """``with g.if_else(pred) as (then, otherwise):`` one IF node with an
@@ -517,12 +508,12 @@ class graph:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is not None:
-            self.cuda_graph._abort_capture()
+            self.cuda_graph.reset()
             return
         try:
             self.cuda_graph.capture_end()
         except BaseException:
-            self.cuda_graph._abort_capture()
+            self.cuda_graph.reset()
             raise
 
 

@@ -21,8 +21,8 @@ reset and reusable.
 
 The managers only call the graph's methods (``begin_capture_to_*``,
 ``end_capture_to_conditional_node``, ``_begin_node``, ``_begin_branch``,
-``_end_branch``, ``_innermost_conditional``, ``_abort_capture``), so they are
-tested without a GPU on a stand-in graph.
+``_end_branch``, ``_innermost_conditional``, ``reset``), so they are tested
+without a GPU on a stand-in graph.
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Body", "Branch", "Cases", "IfElse", "Switch"]
+from tensorplay._graph.conditionals import IF_NODE, KIND_NAMES, SWITCH_NODE
 
-IF, WHILE, SWITCH = 0, 1, 2          # the graph layer's node kinds
-_NAMES = ("IF", "WHILE", "SWITCH")
+__all__ = ["Body", "Branch", "Cases", "IfElse", "Switch"]
 
 
 def _abort_on_error(graph: Any, exc_type: type[BaseException] | None) -> bool:
@@ -43,7 +42,7 @@ def _abort_on_error(graph: Any, exc_type: type[BaseException] | None) -> bool:
     if exc_type is None:
         return False
     if graph.is_capturing:
-        graph._abort_capture()
+        graph.reset()
     return True
 
 
@@ -68,7 +67,7 @@ class Body:
         self._pred = pred
 
     def __enter__(self) -> None:
-        if self._kind == IF:
+        if self._kind == IF_NODE:
             self._graph.begin_capture_to_if_node(self._pred)
         else:
             self._graph.begin_capture_to_while_node(self._pred)
@@ -105,13 +104,13 @@ class Branch:
         _leave(self._graph, exc_type, self._graph._end_branch)
 
     def __repr__(self) -> str:
-        return f"<{self._what} branch of a {_NAMES[self._kind]} node>"
+        return f"<{self._what} branch of a {KIND_NAMES[self._kind].upper()} node>"
 
 
 class _Node:
     """An outer block that opens a node with no branch open and closes it."""
 
-    _kind = IF
+    _kind = IF_NODE
 
     def __init__(self, graph: Any, pred: Any, num_bodies: int) -> None:
         self._graph = graph
@@ -137,8 +136,8 @@ class IfElse(_Node):
 
     def __enter__(self) -> tuple[Branch, Branch]:
         self._open()
-        return (Branch(self._graph, IF, 0, self._node, "then"),
-                Branch(self._graph, IF, 1, self._node, "otherwise"))
+        return (Branch(self._graph, IF_NODE, 0, self._node, "then"),
+                Branch(self._graph, IF_NODE, 1, self._node, "otherwise"))
 
 
 class Cases:
@@ -157,7 +156,7 @@ class Cases:
             raise TypeError(f"cases[k]: k must be an int, got {type(k).__name__}")
         if not 0 <= k < self._num_cases:
             raise IndexError(f"cases[{k}]: this SWITCH has cases 0 to {self._num_cases - 1}")
-        return Branch(self._graph, SWITCH, int(k), self._node, f"cases[{int(k)}]")
+        return Branch(self._graph, SWITCH_NODE, int(k), self._node, f"cases[{int(k)}]")
 
     def __iter__(self) -> Iterator[Branch]:
         return (self[k] for k in range(self._num_cases))
@@ -166,7 +165,7 @@ class Cases:
 class Switch(_Node):
     """``with g.switch(index, n) as cases:`` one SWITCH node of ``n`` cases."""
 
-    _kind = SWITCH
+    _kind = SWITCH_NODE
 
     def __enter__(self) -> Cases:
         self._open()

@@ -33,7 +33,7 @@ def test_capture_errors_name_the_open_captures():
     """A capture-related CUresult's error carries the graph layer's
     description of the open captures; other errors do not."""
     from cuda.bindings import driver
-    from tensorplay._graph import capture as _graph
+    from tensorplay._graph import registry
     assert _cuda.describe_open_captures() == ""          # none open
     _cuda.set_open_capture_describer(lambda: "CUDAGraph at 0x1 is capturing")
     try:
@@ -45,7 +45,7 @@ def test_capture_errors_name_the_open_captures():
         assert _cuda.describe_open_captures() == ""      # a broken describer hides nothing
         assert "CAPTURE" in str(_cuda.make_error(int(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)))
     finally:
-        _cuda.set_open_capture_describer(_graph._describe_open_captures)
+        _cuda.set_open_capture_describer(registry.describe_open_captures)
 
 
 @pytest.mark.parametrize("err", [tp.cuda.CudaError(1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"),

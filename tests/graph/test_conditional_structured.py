@@ -11,6 +11,7 @@ from tensorplay._graph import kernels as graph_kernels
 from tensorplay._kernels import nvrtc as _nvrtc
 from tensorplay.cuda import CUDAGraph
 from tensorplay._graph import structured as _structured
+from tensorplay._graph.conditionals import IF_NODE, WHILE_NODE
 
 ARCH = 90
 
@@ -63,7 +64,7 @@ class FakeGraph:
         self.calls.append(("end",))
         self.stack.pop()
 
-    def _abort_capture(self):
+    def reset(self):
         self.calls.append(("abort",))
         self.stack = []
         self.is_capturing = False
@@ -87,8 +88,8 @@ def test_switch_cases_and_nesting_close_in_reverse_order():
     with _structured.Switch(g, "i", 3) as cases:
         assert len(cases) == 3 and [c.index for c in cases] == [0, 1, 2]
         with cases[0]:
-            with _structured.Body(g, _structured.WHILE, "w"):
-                with _structured.Body(g, _structured.IF, "q"):
+            with _structured.Body(g, WHILE_NODE, "w"):
+                with _structured.Body(g, IF_NODE, "q"):
                     pass
         with cases[2]:                            # case 1 left out: stays empty
             pass
@@ -137,7 +138,7 @@ def test_an_exception_in_a_branch_discards_the_capture():
 def test_an_exception_in_a_body_discards_the_capture():
     g = FakeGraph()
     with pytest.raises(KeyError):
-        with _structured.Body(g, _structured.WHILE, "w"):
+        with _structured.Body(g, WHILE_NODE, "w"):
             {}["missing"]
     assert g.calls == [("while", "w"), ("abort",)]
 
@@ -149,7 +150,7 @@ def test_a_failing_close_discards_the_capture_too():
         raise RuntimeError("refused")
     g.end_capture_to_conditional_node = refuse
     with pytest.raises(RuntimeError, match="refused"):
-        with _structured.Body(g, _structured.IF, "p"):
+        with _structured.Body(g, IF_NODE, "p"):
             pass
     assert g.calls[-1] == ("abort",)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._graph.capture import open_captures
+from tensorplay._graph.registry import open_captures
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda

@@ -17,7 +17,7 @@ from tensorplay._kernels import cache
 from tensorplay._graph import kernels as graph_kernels
 from tensorplay._kernels import param_upload
 from tensorplay._kernels import codegen as _codegen
-from tensorplay._graph.stager import STAGE_CAPACITIES
+from tensorplay._graph.copytable import COPY_CAPACITIES
 
 ARCH = 90
 
@@ -102,10 +102,10 @@ def test_graph_layer_kernels_compile(monkeypatch):
     conditional-handle setter generate sources NVRTC compiles."""
     made = []
     monkeypatch.setattr(cache, "cached_function", lambda key, dev, make: made.append((key, make())))
-    for cap in STAGE_CAPACITIES:
+    for cap in COPY_CAPACITIES:
         graph_kernels.multi_copy_function(cap, 0)
     graph_kernels.set_conditional_function(0)
-    assert [k for k, _ in made] == [("multi_copy", c) for c in STAGE_CAPACITIES] + [("set_conditional",)]
+    assert [k for k, _ in made] == [("multi_copy", c) for c in COPY_CAPACITIES] + [("set_conditional",)]
     for _, (src, name) in made:
         assert f"void {name}(" in src
         assert _nvrtc.compile_cubin(src, name + ".cu", (), ARCH)[:4] == b"\x7fELF"

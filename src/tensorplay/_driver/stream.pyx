@@ -407,58 +407,6 @@ cdef class Event:
         return f"<tensorplay.cuda.Event handle={<uintptr_t>self._handle:#x} device={self._device}>"
 
 
-# ------------------------------------------------------------------ capture streams
-
-cdef dict _side_streams = {}      # device -> [Stream]
-cdef set _side_in_use = set()     # handles of side streams a capture holds
-_side_lock = threading.Lock()     # threads capturing at once must get different streams
-
-
-def capture_side_stream(int device):
-    """Reserve a non-blocking stream of ``device`` for a capture (the default
-    capture stream, and conditional bodies' streams). Streams are created once
-    and reused; give the stream back with release_capture_side_stream."""
-    cdef cydriver.CUstreamCaptureStatus status
-    cdef Stream s
-    with _side_lock:
-        pool = _side_streams.setdefault(device, [])
-        for obj in pool:
-            s = <Stream>obj
-            if <uintptr_t>s._handle in _side_in_use:
-                continue
-            with nogil:
-                ensure_context(device)
-                check(cydriver.cuStreamIsCapturing(s._handle, &status))
-            if status == cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
-                _side_in_use.add(<uintptr_t>s._handle)
-                return s
-        s = Stream(device)
-        pool.append(s)
-        _side_in_use.add(<uintptr_t>s._handle)
-        return s
-
-
-cdef dict _warmup_streams = {}
-
-
-def warmup_stream(int device):
-    """The stream graphed callables are warmed up on before capture: one per
-    device, kept for the process (so blocks its warm-up freed are reused on
-    the same CUDA stream, never on a stream that merely got its handle)."""
-    s = _warmup_streams.get(device)
-    if s is None:
-        s = _warmup_streams[device] = Stream(device)
-    return s
-
-
-def release_capture_side_stream(stream):
-    """End a capture's hold on a stream from capture_side_stream (any other
-    stream: nothing happens)."""
-    if isinstance(stream, Stream):
-        with _side_lock:
-            _side_in_use.discard(<uintptr_t>(<Stream>stream)._handle)
-
-
 # ------------------------------------------------------------------ current stream
 
 def current_stream_handle_of(int device):

@@ -8,6 +8,7 @@ from libc.string cimport memset
 from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport check
+from tensorplay._graph.conditionals cimport body_label, kind_name
 
 
 _KINDS = {
@@ -23,24 +24,13 @@ _KINDS = {
 _MEMTYPES = {cydriver.CU_MEMORYTYPE_HOST: "host", cydriver.CU_MEMORYTYPE_DEVICE: "device",
              cydriver.CU_MEMORYTYPE_ARRAY: "array", cydriver.CU_MEMORYTYPE_UNIFIED: "unified"}
 
-_COND_TYPES = ("if", "while", "switch")
-
-
-def _body_label(int kind, int b):
-    """The label of body ``b`` of a conditional node of ``kind``."""
-    if kind == 0:
-        return "then" if b == 0 else "else"
-    if kind == 1:
-        return "body"
-    return f"case {b}"
-
 
 cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
     """Nodes (kind, kernel name, attributes, conditional bodies) and edges of
     ``g``, read with cuGraphGetNodes / cuGraphNodeGetType / cuGraphGetEdges and
     the node-params getters. ``conditionals`` maps each conditional node
-    (as an int) to (kind 0 IF / 1 WHILE / 2 SWITCH, its body CUgraphs as
-    ints in branch order, its handle): the driver cannot be asked for a
+    (as an int) to (its kind, IF_NODE, WHILE_NODE or SWITCH_NODE, its body
+    CUgraphs as ints in branch order, its handle): the driver cannot be asked for a
     conditional node's bodies. Each body's description carries its
     ``label``: "then" and "else" (IF), "body" (WHILE), "case k" (SWITCH)."""
     cdef size_t n = 0, ne = 0, i, p, off, sz
@@ -105,14 +95,14 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
             info = conditionals.get(<uintptr_t>node)
             if info is not None:
                 kind, bodies, handle = info
-                d["type"] = _COND_TYPES[kind]
+                d["type"] = kind_name(kind)
                 if detailed:
                     attrs["handle"] = handle
                     attrs["conditional_type"] = d["type"]
                 d["bodies"] = []
                 for b, body in enumerate(bodies):
                     desc = describe_graph(<cydriver.CUgraph><uintptr_t>body, detailed, conditionals)
-                    desc["label"] = _body_label(kind, b)
+                    desc["label"] = body_label(kind, b)
                     d["bodies"].append(desc)
             else:
                 d["type"] = "conditional"

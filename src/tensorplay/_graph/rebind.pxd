@@ -4,6 +4,7 @@ from libc.stdint cimport int64_t, uintptr_t
 from libcpp.vector cimport vector
 
 from tensorplay._driver.launch cimport Function
+from tensorplay._graph.copytable cimport COPY_TABLE_WORDS
 from tensorplay._tensor.base cimport TensorBase
 
 
@@ -48,8 +49,8 @@ cdef class Rebinder:
     cdef vector[Py_ssize_t] _slot_at
     cdef vector[PatchNode] _nodes
     cdef vector[char] _args               # every patchable node's argument buffer, back to back
-    cdef unsigned long long _in_table[1 + 3 * 128]
-    cdef unsigned long long _out_table[1 + 3 * 128]
+    cdef unsigned long long _in_table[COPY_TABLE_WORDS]
+    cdef unsigned long long _out_table[COPY_TABLE_WORDS]
     cdef size_t _table_size
     cdef tuple _bound                     # (inputs, outputs) bound now: kept alive until the next call
     cdef uintptr_t _last_stream           # the stream of the last launch

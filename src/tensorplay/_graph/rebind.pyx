@@ -27,7 +27,8 @@ from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport check, ensure_context
 from tensorplay._driver.launch cimport Function, fill_launch_extra, is_own_function
-from tensorplay._graph.stager cimport COPY_BLOCK, copy_capacity, copy_grid_x, set_copy_entry, static_tensor
+from tensorplay._graph.copytable cimport (COPY_BLOCK, copy_capacity, copy_grid_x, copy_table_bytes, is_tensor_list,
+                                          set_copy_entry, static_tensor)
 from tensorplay._tensor.base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
 
 DEF MAX_PARAMS = 4096
@@ -102,8 +103,7 @@ cdef class Rebinder:
         """True when these are the very tensors this rebinder was built for."""
         cdef Py_ssize_t k, n_out
         cdef tuple mine = self._statics
-        if (type(static_inputs) is not list and type(static_inputs) is not tuple) or \
-                (type(static_outputs) is not list and type(static_outputs) is not tuple):
+        if not is_tensor_list(static_inputs) or not is_tensor_list(static_outputs):
             return False
         n_out = len(static_outputs)
         if len(static_inputs) != self._n_in or self._n_in + n_out != self._n:
@@ -129,8 +129,7 @@ cdef class Rebinder:
         cdef uintptr_t* given
         cdef unsigned long long in_max = 0, out_max = 0
         cdef list slow_in = None, slow_out = None
-        if (type(inputs) is not list and type(inputs) is not tuple) or \
-                (type(outputs) is not list and type(outputs) is not tuple):
+        if not is_tensor_list(inputs) or not is_tensor_list(outputs):
             raise TypeError("rebind_and_launch(static_inputs, inputs, static_outputs, outputs) takes "
                             "lists or tuples of tensors")
         if len(inputs) != n_in or len(inputs) + len(outputs) != n:
@@ -590,7 +589,7 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
     cdef PatchNode* pn
     cdef ArgSlot slot
     for name, seq in (("static_inputs", static_inputs), ("static_outputs", static_outputs)):
-        if type(seq) is not list and type(seq) is not tuple:
+        if not is_tensor_list(seq):
             raise TypeError(f"rebind_and_launch: {name} must be a list or tuple of tensors")
     statics = tuple(static_inputs) + tuple(static_outputs)
     n_in = len(static_inputs)
@@ -684,5 +683,5 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
     if nfall:
         r._cap = copy_capacity(nfall)
         r._copy_fn = multi_copy(r._cap, device)
-        r._table_size = sizeof(unsigned long long) * (1 + 3 * r._cap)
+        r._table_size = copy_table_bytes(r._cap)
     return r

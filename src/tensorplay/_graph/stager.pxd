@@ -4,30 +4,7 @@ from libc.stdint cimport int64_t, uintptr_t
 from libcpp.vector cimport vector
 
 from tensorplay._driver.launch cimport Function
-from tensorplay._tensor.base cimport TensorBase
-
-
-# The multi-copy kernel's table: the entry count, then (src, dst, nbytes)
-# triples; blockIdx.y picks the entry, COPY_BLOCK threads per block.
-cdef enum:
-    COPY_BLOCK = 256
-
-
-cdef inline void set_copy_entry(unsigned long long* table, Py_ssize_t i, unsigned long long src,
-                                unsigned long long dst, unsigned long long nbytes) noexcept nogil:
-    cdef unsigned long long* e = &table[1 + 3 * i]
-    e[0] = src
-    e[1] = dst
-    e[2] = nbytes
-
-
-cdef TensorBase static_tensor(object obj, int device, str api, str what)
-cdef Py_ssize_t copy_capacity(Py_ssize_t entries) noexcept
-
-
-cdef inline unsigned int copy_grid_x(unsigned long long maxbytes) noexcept nogil:
-    """Blocks per entry: one per 4 KiB of the largest entry, 1 to 1024."""
-    return <unsigned int>min(1024, max(1, (maxbytes + 4095) // 4096))
+from tensorplay._graph.copytable cimport COPY_TABLE_WORDS
 
 
 cdef class Stager:
@@ -49,12 +26,12 @@ cdef class Stager:
     cdef vector[char] _contiguous
     cdef vector[int64_t] _shapes
     # the copy node's parameters: (n, then n (src, dst, nbytes) triples), passed as one buffer
-    cdef unsigned long long _table[1 + 3 * 128]
+    cdef unsigned long long _table[COPY_TABLE_WORDS]
     cdef size_t _table_size
     cdef void* _extra[5]
     cdef cydriver.CUDA_KERNEL_NODE_PARAMS _params
     # what the staged executable's copy node holds now (-1 entries: not set since it was built)
-    cdef unsigned long long _node_table[1 + 3 * 128]
+    cdef unsigned long long _node_table[COPY_TABLE_WORDS]
     cdef Py_ssize_t _node_table_entries
     cdef unsigned int _node_grid_x
 
@@ -64,5 +41,6 @@ cdef class Stager:
     cdef void release(self) noexcept
 
 
+cdef int check_stage_arguments(object static_inputs, object inputs) except -1
 cdef Stager make_stager(cydriver.CUgraph graph, cydriver.CUgraphExec main, int device, object static_inputs,
                         bint can_clone, object multi_copy, object copy, cydriver.CUstream stream)

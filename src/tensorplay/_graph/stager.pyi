@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 from typing import final
 
-STAGE_CAPACITIES: tuple[int, ...]
-
 def staged_builds() -> int: ...
 
 @final

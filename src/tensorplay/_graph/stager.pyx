@@ -19,40 +19,29 @@ from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensure_context
 from tensorplay._driver.launch cimport Function, fill_launch_extra
+from tensorplay._graph.copytable cimport (COPY_BLOCK, MAX_COPY_ENTRIES, copy_capacity, copy_grid_x,
+                                          copy_table_bytes, is_tensor_list, set_copy_entry, static_tensor)
 from tensorplay._tensor.base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
 
 import numpy
 
-# Table sizes of the multi-copy kernel; 128 entries keep its parameters under 4 KiB.
-STAGE_CAPACITIES = (8, 32, 128)
-DEF MAX_ENTRIES = 128
-
 cdef Py_ssize_t g_builds = 0
-
-
-cdef TensorBase static_tensor(object obj, int device, str api, str what):
-    """``obj`` as the TensorBase a graph call keeps for a static tensor:
-    TypeError unless a tensor, ValueError unless on cuda:``device``."""
-    if not isinstance(obj, TensorBase):
-        raise TypeError(f"{api}: {what} is a {type(obj).__name__}, not a tensor")
-    cdef TensorBase t = <TensorBase>obj
-    if t._device_type != DEVICE_CUDA or t._device_index != device:
-        raise ValueError(f"{api}: {what} must live on cuda:{device}")
-    return t
-
-
-cdef Py_ssize_t copy_capacity(Py_ssize_t entries) noexcept:
-    """The smallest table size of STAGE_CAPACITIES holding ``entries`` (the largest beyond)."""
-    for cap in STAGE_CAPACITIES:
-        if cap >= entries:
-            return cap
-    return MAX_ENTRIES
 
 
 def staged_builds():
     """How many staged executables were built in this process (tests check
     that staging does not rebuild)."""
     return g_builds
+
+
+cdef int check_stage_arguments(object static_inputs, object inputs) except -1:
+    """The checks of stage_and_launch's two sequences, made once per call
+    before anything else: lists or tuples, of one length."""
+    if not is_tensor_list(static_inputs) or not is_tensor_list(inputs):
+        raise TypeError("stage_and_launch(static_inputs, inputs) takes two lists or tuples of tensors")
+    if len(inputs) != len(static_inputs):
+        raise ValueError(f"stage_and_launch: {len(static_inputs)} static inputs but {len(inputs)} inputs")
+    return 0
 
 
 cdef int _check_broadcast(tuple src, TensorBase dst, Py_ssize_t k) except -1:
@@ -104,11 +93,10 @@ cdef class Stager:
         memset(&self._params, 0, sizeof(self._params))
 
     cdef bint holds(self, object static_inputs) noexcept:
-        """True when ``static_inputs`` are the very tensors this stager was built for."""
+        """True when ``static_inputs`` (a list or tuple) are the very tensors
+        this stager was built for."""
         cdef Py_ssize_t k
         cdef tuple mine = self._statics
-        if type(static_inputs) is not list and type(static_inputs) is not tuple:
-            return False
         if len(static_inputs) != self._n:
             return False
         for k in range(self._n):
@@ -119,17 +107,14 @@ cdef class Stager:
     cdef int launch(self, object inputs, cydriver.CUstream stream) except -1:
         """Check every input against its static input, copy the pairs the
         copy kernel cannot take through ``copy``, then copy the rest and
-        replay: one launch of the staged executable when there is one."""
+        replay: one launch of the staged executable when there is one.
+        ``inputs`` passed check_stage_arguments."""
         cdef Py_ssize_t k, n = self._n, nfast = 0
         cdef TensorBase src
         cdef int i
         cdef bint fast
         cdef unsigned long long maxbytes = 0
         cdef list slow = None
-        if type(inputs) is not list and type(inputs) is not tuple:
-            raise TypeError("stage_and_launch(static_inputs, inputs) takes two lists or tuples of tensors")
-        if len(inputs) != n:
-            raise ValueError(f"stage_and_launch: {n} static inputs but {len(inputs)} inputs")
         for k in range(n):
             obj = inputs[k]
             fast = False
@@ -144,7 +129,7 @@ cdef class Stager:
                             fast = False
                             break
             if fast:
-                if self._nbytes[k] and nfast < MAX_ENTRIES:
+                if self._nbytes[k] and nfast < MAX_COPY_ENTRIES:
                     set_copy_entry(self._table, nfast, src._ptr, self._dst[k], self._nbytes[k])
                     if self._nbytes[k] > maxbytes:
                         maxbytes = self._nbytes[k]
@@ -172,7 +157,7 @@ cdef class Stager:
                     check(cydriver.cuGraphExecKernelNodeSetParams(self._exec, self._node, &self._params))
                     self._node_table_entries = nfast
                     self._node_grid_x = self._params.gridDimX
-                    memcpy(self._node_table, self._table, sizeof(unsigned long long) * (1 + 3 * nfast))
+                    memcpy(self._node_table, self._table, copy_table_bytes(nfast))
                 check(cydriver.cuGraphLaunch(self._exec, stream))
             else:
                 self._fn.c_launch(self._params.gridDimX, self._params.gridDimY, 1, COPY_BLOCK, 1, 1, 0,
@@ -182,7 +167,7 @@ cdef class Stager:
 
     cdef bint _table_unchanged(self, Py_ssize_t nfast) noexcept nogil:
         return (nfast == self._node_table_entries and self._params.gridDimX == self._node_grid_x and
-                memcmp(self._node_table, self._table, sizeof(unsigned long long) * (1 + 3 * nfast)) == 0)
+                memcmp(self._node_table, self._table, copy_table_bytes(nfast)) == 0)
 
     cdef void release(self) noexcept:
         """Destroy the staged executable and the clone (never raises)."""
@@ -219,13 +204,12 @@ cdef Stager make_stager(cydriver.CUgraph graph, cydriver.CUgraphExec main, int d
     executable is ``main``). ``multi_copy(capacity, device)`` gives the copy
     kernel, ``copy(static, source)`` copies what it cannot. Without
     ``can_clone`` (the driver clones no graph with conditional nodes)
-    staging is the copy kernel's launch, then the graph's."""
+    staging is the copy kernel's launch, then the graph's. ``static_inputs``
+    passed check_stage_arguments."""
     cdef Stager s = Stager.__new__(Stager)
     cdef Py_ssize_t k, n, nfast = 0
     cdef TensorBase st
     cdef int i
-    if type(static_inputs) is not list and type(static_inputs) is not tuple:
-        raise TypeError("stage_and_launch(static_inputs, inputs) takes two lists or tuples of tensors")
     n = len(static_inputs)
     s._device = device
     s._main = main
@@ -253,7 +237,7 @@ cdef Stager make_stager(cydriver.CUgraph graph, cydriver.CUgraphExec main, int d
         return s                         # every pair goes through copy: no kernel needed
     s._cap = copy_capacity(nfast)
     s._fn = multi_copy(s._cap, device)
-    s._table_size = sizeof(unsigned long long) * (1 + 3 * s._cap)
+    s._table_size = copy_table_bytes(s._cap)
     fill_launch_extra(s._extra, s._table, &s._table_size)
     s._params.func = s._fn._handle
     s._params.gridDimX = 1

@@ -1,0 +1,383 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The launch half of a CUDA graph. Executable: a captured graph, its
+executable and what keeps them valid, with the one teardown of them all.
+ReplayBase, the base of CUDAGraphBase (tensorplay._graph.capture, which
+captures): replay, stage_and_launch, rebind_and_launch and rebindable with
+the GIL released around the driver calls, describe, and the executable's
+state and teardown. Staging lives in the stager, rebinding in the rebinder,
+node introspection in describe."""
+
+cimport cython
+from cuda.bindings cimport cydriver
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
+
+from tensorplay._driver.context cimport LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensure_context
+from tensorplay._driver.stream cimport Stream, as_stream, current_stream_handle
+from tensorplay._graph.describe cimport describe_graph
+from tensorplay._graph.rebind cimport Rebinder, make_rebinder
+from tensorplay._graph.stager cimport Stager, check_stage_arguments, make_stager
+
+import os
+
+from tensorplay._memory.allocator import allocator as _allocator
+
+cdef uintptr_t NO_STREAM = <uintptr_t>-1     # no replay yet (0 is the legacy default stream)
+
+cdef dict _UPDATE_FAILURES = {
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR: "error",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: "topology_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: "node_type_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED: "function_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: "parameters_changed",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: "not_supported",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: "unsupported_function_change",
+    cydriver.CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED: "attributes_changed",
+}
+
+
+cdef void _destroy_graph(cydriver.CUgraph* g) noexcept:
+    """Destroy ``*g`` if set (counted out of the live graphs) and clear it."""
+    if g[0] == NULL:
+        return
+    if cydriver.cuGraphDestroy(g[0]) == cydriver.CUDA_SUCCESS:
+        count_live(LIVE_GRAPHS, -1)
+    g[0] = NULL
+
+
+@cython.final
+cdef class Executable:
+    """A captured graph and what keeps it runnable: its executable, the graph
+    that executable was instantiated from, the storages from outside its pool
+    that its work uses, its conditional nodes' records and its hold on the
+    pool. A graph holds one, and a re-capture's predecessor a second."""
+
+    def __cinit__(self):
+        self.graph = NULL
+        self.handle = NULL
+        self.exec_graph = NULL
+        self.kept = {}
+        self.conditionals = {}
+        self.pool_id = 0
+        self.has_pool = False
+
+    cdef object update(self, cydriver.CUgraph g):
+        """cuGraphExecUpdate the executable to ``g``: "success", or why the
+        driver refused (the caller then instantiates)."""
+        cdef cydriver.CUgraphExecUpdateResultInfo info
+        cdef cydriver.CUresult r
+        memset(&info, 0, sizeof(info))
+        with nogil:
+            r = cydriver.cuGraphExecUpdate(self.handle, g, &info)
+        if r == cydriver.CUDA_SUCCESS and info.result == cydriver.CU_GRAPH_EXEC_UPDATE_SUCCESS:
+            return "success"
+        # any refusal (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, or an older driver's
+        # NOT_SUPPORTED for a node kind) means: instantiate; a broken context
+        # fails there, checked
+        return _UPDATE_FAILURES.get(<int>info.result, "error")
+
+    cdef void take_updated(self, Executable previous) noexcept:
+        """Take ``previous``'s executable, updated in place to this graph,
+        with the graph it was instantiated from (its nodes stay the ones the
+        executable knows)."""
+        self.handle = previous.handle
+        previous.handle = NULL
+        if previous.exec_graph != NULL:
+            self.exec_graph = previous.exec_graph
+            previous.exec_graph = NULL
+        else:
+            self.exec_graph = previous.graph
+            previous.graph = NULL
+
+    cdef void destroy(self, int device, tuple streams) noexcept:
+        """Destroy the executable and the graphs, and give up the kept
+        storages and the pool: their memory is reused only after the replays
+        queued on ``streams`` (never raises)."""
+        if self.handle != NULL:
+            try:
+                ensure_context(device)
+                if cydriver.cuGraphExecDestroy(self.handle) == cydriver.CUDA_SUCCESS:
+                    count_live(LIVE_EXECS, -1)
+            except BaseException:
+                pass
+            self.handle = NULL
+        _destroy_graph(&self.graph)
+        _destroy_graph(&self.exec_graph)
+        if streams:
+            for storage in self.kept.values():
+                for h in streams:
+                    try:
+                        storage.record_stream(h)
+                    except BaseException:
+                        pass
+        self.kept = {}
+        self.conditionals = {}
+        if self.has_pool:
+            try:
+                _allocator(device).release_pool(self.pool_id, streams)
+            except BaseException:
+                pass
+            self.has_pool = False
+
+
+# no_gc_clear: __dealloc__ destroys the executable with what these fields
+# hold, so the collector must not set them to None first.
+@cython.no_gc_clear
+cdef class ReplayBase:
+    """The launch half of CUDAGraphBase (tensorplay._graph.capture), which
+    captures into ``_cur``; see tensorplay._graph.graphs.CUDAGraph."""
+
+    def __cinit__(self):
+        self._cur = Executable.__new__(Executable)
+        self._device = -1
+        self._last_replay_stream = NO_STREAM
+
+    # ------------------------------------------------------------ replay and staging
+
+    def replay(self, stream=None):
+        """Launch the captured graph on the current stream, or on ``stream``, cuGraphLaunch.
+
+        The GIL is released around the launch; the call does not wait for the
+        graph to run. Graphs sharing a memory pool must replay in the order
+        they were captured.
+
+        Parameters
+        ----------
+        stream : Stream or stream-like, optional
+            A stream of the graph's device; default the current stream.
+        """
+        cdef cydriver.CUstream s
+        cdef Stream so
+        cdef cydriver.CUgraphExec handle = self._cur.handle
+        if handle == NULL:
+            self._replay_error()
+        if stream is None:
+            s = current_stream_handle(self._device)
+        else:
+            so = as_stream(stream, self._device)
+            if so._device != self._device:
+                raise ValueError(f"replay: the graph belongs to cuda:{self._device}, "
+                                 f"the stream to cuda:{so._device}")
+            s = so._handle
+        if <uintptr_t>s != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>s)
+        if self._rebinder is not None and self._rebinder.rebound:
+            self._rebinder.restore()        # replay() reads the static tensors
+        with nogil:
+            ensure_context(self._device)
+            check(cydriver.cuGraphLaunch(handle, s))
+
+    def stage_and_launch(self, static_inputs, inputs):
+        """Copy each of ``inputs`` onto the matching static buffer, then replay.
+
+        Contiguous pairs of one dtype, device and shape are staged by one
+        multi-tensor copy kernel (a table of (src, dst, nbytes) in its
+        parameters; pairs beyond one table go through ``copy_``) that runs
+        as the first node of a second executable of the graph; any other
+        pair goes through ``static.copy_(input)`` (casts, strides,
+        broadcasting, host data). Everything is validated before anything
+        is copied; copies and the launch are ordered on the current stream.
+        The per-call driver work (cuGraphExecKernelNodeSetParams and one
+        cuGraphLaunch) runs without the GIL. The staged executable is built
+        at the first call for a list of static inputs and kept while the
+        same tensors are passed. A graph with conditional nodes (which the
+        driver cannot clone) launches the copy kernel and then the graph.
+
+        Parameters
+        ----------
+        static_inputs : sequence of Tensor
+            The tensors the capture read (its inputs).
+        inputs : sequence of Tensor, array-like or number
+            The new values, one per static input; each must broadcast to its
+            static input's shape.
+        """
+        cdef cydriver.CUstream stream
+        cdef Stager stager = self._stager
+        cdef Executable cur = self._cur
+        if cur.handle == NULL:
+            self._replay_error()
+        check_stage_arguments(static_inputs, inputs)
+        stream = current_stream_handle(self._device)
+        if stager is None or not stager.holds(static_inputs):
+            self._drop_stager()
+            stager = make_stager(cur.graph, cur.handle, self._device, static_inputs, not cur.conditionals,
+                                 self._kernels.multi_copy, self._kernels.copy, stream)
+            self._stager = stager
+        if <uintptr_t>stream != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>stream)
+        if self._rebinder is not None and self._rebinder.rebound:
+            self._rebinder.restore()
+        stager.launch(inputs, stream)
+
+    def rebind_and_launch(self, static_inputs, inputs, static_outputs=(), outputs=()):
+        """Replay with the captured kernels reading ``inputs`` in place of
+        ``static_inputs`` and writing ``outputs`` in place of ``static_outputs``,
+        without copying them.
+
+        Each kernel argument of ours that points into a static tensor is
+        patched to the same offset in its replacement
+        (cuGraphExecKernelNodeSetParams, only for nodes whose arguments
+        change, in one ``nogil`` block with the launch). A static tensor that
+        something we cannot patch also uses (a foreign kernel such as
+        cuBLAS's, a memcpy or memset node) is copied instead: its input onto
+        it before the launch, its output from it after; so is a static
+        tensor that is a view of a larger one, and, for one call, a
+        replacement less aligned than its static tensor. :meth:`rebindable`
+        says which are which; replacements that overlap raise ValueError.
+        The rebound tensors are kept alive until the next rebinding or
+        :meth:`reset`; :meth:`replay` and :meth:`stage_and_launch` point the
+        graph back at the static tensors.
+        The analysis is built at the first call for a list of static tensors
+        and kept while the same tensors are passed.
+
+        Parameters
+        ----------
+        static_inputs, static_outputs : sequence of Tensor
+            Tensors the capture read, and tensors it wrote; distinct memory.
+        inputs, outputs : sequence of Tensor
+            Their replacements: same shape, strides, dtype and device.
+        """
+        cdef cydriver.CUstream stream
+        cdef Rebinder r
+        if self._cur.handle == NULL:
+            self._replay_error()
+        stream = current_stream_handle(self._device)
+        r = self._rebinder_for(static_inputs, static_outputs)
+        if <uintptr_t>stream != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>stream)
+        r.launch(inputs, outputs, stream)
+
+    def rebindable(self, static_inputs, static_outputs=()):
+        """For each of these static tensors (inputs, then outputs): True when
+        :meth:`rebind_and_launch` rebinds it without a copy, False when it
+        copies it (something the graph runs that cannot be patched uses it)."""
+        if self._cur.handle == NULL:
+            self._replay_error()
+        return self._rebinder_for(static_inputs, static_outputs).rebindable()
+
+    cdef Rebinder _rebinder_for(self, object static_inputs, object static_outputs):
+        cdef Rebinder r = self._rebinder
+        cdef Executable cur = self._cur
+        if r is not None and r.holds(static_inputs, static_outputs):
+            return r
+        if r is not None:
+            r.restore()                # the executable back on the old statics (raises: r stays)
+            self._drop_rebinder()
+        r = make_rebinder(cur.graph, cur.exec_graph, cur.handle, self._device, static_inputs, static_outputs,
+                          cur.conditionals, self._kernels.multi_copy, self._kernels.copy)
+        self._rebinder = r
+        return r
+
+    cdef void _drop_rebinder(self) noexcept:
+        """Forget the rebinder; callers point the executable back first, or
+        replace it (a re-capture's update or instantiate, a reset)."""
+        if self._rebinder is None:
+            return
+        self._rebinder.release()
+        self._rebinder = None
+
+    @property
+    def _rebind_patch_calls(self):
+        """cuGraphExecKernelNodeSetParams calls the current rebinder made (tests)."""
+        return 0 if self._rebinder is None else self._rebinder.patch_calls
+
+    @property
+    def _stages_in_one_launch(self):
+        """Whether the current stager launches copies and graph as one executable (tests)."""
+        return self._stager is not None and self._stager.one_launch
+
+    cdef void _drop_stager(self) noexcept:
+        if self._stager is not None:
+            self._stager.release()
+            self._stager = None
+
+    cdef int _note_replay_stream(self, uintptr_t stream) except -1:
+        if self._replay_streams is None:
+            self._replay_streams = set()
+        self._replay_streams.add(stream)
+        self._last_replay_stream = stream
+        return 0
+
+    cdef int _replay_error(self) except -1:
+        if self._capturing:
+            raise RuntimeError("replay: the graph's capture is still open; call capture_end() first")
+        if self._pid and self._pid != os.getpid():
+            raise RuntimeError("replay: a CUDA graph cannot be replayed in a forked child process")
+        raise RuntimeError("replay: nothing to replay; capture a graph first (or it was reset)")
+
+    # ------------------------------------------------------------ introspection
+
+    def _describe(self, bint detailed):
+        """The captured graph as plain data (see CUDAGraph.describe)."""
+        if self._cur.graph == NULL:
+            raise RuntimeError("describe: nothing captured (capture first; a reset graph has no nodes)")
+        ensure_context(self._device)
+        return describe_graph(self._cur.graph, detailed, self._cur.conditionals)
+
+    # ------------------------------------------------------------ lifetime
+
+    cdef void retire_previous(self) noexcept:
+        """Destroy what a re-capture set aside (its executable too unless it
+        was updated in place); its kept storages and pool memory are reused
+        only after the replays already queued."""
+        if self._previous is None:
+            return
+        streams = tuple(self._replay_streams) if self._replay_streams else ()
+        self._previous.destroy(self._device, streams)
+        self._previous = None
+
+    cdef void release_executables(self) noexcept:
+        """Destroy the executable and its graph, a re-capture's predecessor
+        too, and forget the replay streams (never raises)."""
+        self._drop_stager()
+        self._drop_rebinder()               # the executable goes: nothing to point back
+        self.retire_previous()              # a failed re-capture discards its predecessor too
+        # what replays may still be using is reused only after them
+        streams = tuple(self._replay_streams) if self._replay_streams else ()
+        self._replay_streams = None
+        self._last_replay_stream = NO_STREAM
+        self._cur.destroy(self._device, streams)
+        self._num_nodes = 0
+        self._update_result = None
+
+    def __dealloc__(self):
+        self.release_executables()
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def num_nodes(self):
+        """The number of nodes of the captured graph, cuGraphGetNodes (0 before a capture ends)."""
+        return self._num_nodes
+
+    @property
+    def pool_id(self):
+        """The allocator pool this graph captured into (None before a capture)."""
+        return self._cur.pool_id if (self._cur.has_pool or self._cur.graph != NULL) else None
+
+    @property
+    def exec_handle(self):
+        """The CUgraphExec as an int (0 before capture_end); for interop and benchmarks."""
+        return <uintptr_t>self._cur.handle
+
+    @property
+    def update_result(self):
+        """How the last ``capture_end`` of a re-capture got its executable:
+        ``"success"`` (the previous executable was updated in place,
+        cuGraphExecUpdate, and keeps its handle), or why the update was
+        refused and a new one was instantiated (``"topology_changed"``,
+        ``"node_type_changed"``, ``"function_changed"``,
+        ``"parameters_changed"``, ``"not_supported"``,
+        ``"unsupported_function_change"``, ``"attributes_changed"``,
+        ``"error"``). None after a first capture, and after ``reset``."""
+        return self._update_result
+
+    @property
+    def is_instantiated(self):
+        """True once the executable is built (after ``capture_end``, until ``reset``)."""
+        return self._cur.handle != NULL
+
+    @property
+    def kept_storages(self):
+        """Number of storages this graph keeps alive for its captured work."""
+        return len(self._cur.kept)
