@@ -12,6 +12,7 @@ from typing import IO, Any
 from tensorplay._driver import context as _cuda
 from tensorplay import cuda
 from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._memory.units import format_bytes
 from tensorplay._version import __version__
 
 # The distributions tensorplay runs on, by their names on PyPI; nvidia-cublas
@@ -42,15 +43,6 @@ def _kernel_module_version() -> str | None:
         if len(parts) >= 2 and all(p.isdigit() for p in parts):
             return word
     return None
-
-
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def config() -> dict[str, Any]:
@@ -84,7 +76,7 @@ def config() -> dict[str, Any]:
             total = cuda.get_device_properties(i)["total_memory"]
             note = "" if cuda.is_device_supported(i) else ", unsupported: needs compute capability 7.5 or newer"
             gpus.append(f"cuda:{i} {cuda.get_device_name(i)} (compute capability {major}.{minor}, "
-                        f"{_human_bytes(total)}{note})")
+                        f"{format_bytes(total, digits=1)}{note})")
     info["gpus"] = gpus
     info["cuda"] = cuda.unavailable_reason()
     info["kernel_cache"] = {k: v for k, v in _nvrtc.kernel_cache_info().items() if k in ("path", "files", "bytes")}
@@ -127,7 +119,7 @@ def show_config(file: IO[str] | None = None) -> None:
     else:
         rows.append(("cuda", f"not available: {info['cuda']}"))
     files = f"{cache['files']} file{'' if cache['files'] == 1 else 's'}"
-    rows.append(("kernel cache", f"{cache['path']} ({files}, {_human_bytes(cache['bytes'])})"))
+    rows.append(("kernel cache", f"{cache['path']} ({files}, {format_bytes(cache['bytes'], digits=1)})"))
     for k, v in info["env"].items():
         rows.append((k, "(not set)" if v is None else v))
     width = max(len(k) for k, _ in rows)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from tensorplay._driver.context import is_available, live_counts
 from tensorplay._driver.stream import cached_stream_count
 from tensorplay._memory.allocator import memory_snapshot, memory_stats
+from tensorplay._memory.units import format_bytes
 
 if TYPE_CHECKING:
     from tensorplay.types import DeviceLike
@@ -21,14 +22,6 @@ _ROWS = (
     ("Active allocs", "active", False),
     ("GPU reserved segments", "segment", False),
 )
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def memory_summary(device: DeviceLike = None) -> str:
@@ -50,11 +43,11 @@ def format_summary(st: dict[str, int], snapshot: list[dict[str, Any]]) -> str:
     """The table of :func:`memory_summary` from a stats dict and a snapshot."""
     lines = [f"{'Metric':<34}{'Cur Usage':>14}{'Peak Usage':>14}{'Tot Alloc':>14}{'Tot Freed':>14}"]
     for title, key, is_bytes in _ROWS:
-        fmt = _size if is_bytes else str
+        fmt = format_bytes if is_bytes else str
         for pool, label in (("all", title), ("large_pool", "  from large pool"), ("small_pool", "  from small pool")):
             vals = [st[f"{key}.{pool}.{f}"] for f in ("current", "peak", "allocated", "freed")]
             lines.append(f"{label:<34}" + "".join(f"{fmt(v):>14}" for v in vals))
-    lines.append(f"{'Non-releasable memory (split free)':<34}{_size(st['inactive_split_bytes.all.current']):>14}")
+    lines.append(f"{'Non-releasable memory (split free)':<34}{format_bytes(st['inactive_split_bytes.all.current']):>14}")
     lines.append(f"{'Non-releasable allocs (split free)':<34}{st['inactive_split.all.current']:>14}")
     lines.append(f"{'Pending record_stream frees':<34}{st['pending_events']:>14}")
     lines.append(f"device alloc/free calls: {st['num_device_alloc']}/{st['num_device_free']}, "
@@ -67,7 +60,7 @@ def format_summary(st: dict[str, int], snapshot: list[dict[str, Any]]) -> str:
         name = "default pool" if pid == 0 else f"graph pool {pid} ({st.get(f'pool.{pid}.graph_refs', 0)} graphs)"
         used = sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "allocated")
         total = sum(s["total_size"] for s in segs)
-        lines.append(f"{name}: {len(segs)} segments, {_size(total)} reserved, {_size(used)} allocated")
+        lines.append(f"{name}: {len(segs)} segments, {format_bytes(total)} reserved, {format_bytes(used)} allocated")
     return "\n".join(lines)
 
 

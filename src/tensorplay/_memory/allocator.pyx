@@ -29,6 +29,7 @@ from cython.operator cimport dereference as deref, preincrement as preinc
 from tensorplay._driver.context cimport check, ensure_context, validate_device, MAX_DEVICES
 from tensorplay._driver.stream cimport current_stream_handle
 from tensorplay._driver.context import OutOfMemoryError, make_error, device_index as _device_index
+from tensorplay._memory.units import format_bytes
 
 import itertools
 import threading
@@ -801,10 +802,10 @@ cdef class DeviceAllocator:
             why = ("; inside a CUDA graph capture the cache cannot be released (cuMemFree would end "
                    "the capture): call empty_cache() before capturing" if g_open_captures > 0 else "")
             raise OutOfMemoryError(
-                description=(f"tried to allocate {_fmt(rsize)} on cuda:{self.device} "
-                             f"({_fmt(free_b)} free of {_fmt(total_b)}; "
-                             f"{_fmt(self.st_allocated_bytes[ALL].current)} allocated and "
-                             f"{_fmt(self.st_reserved_bytes[ALL].current)} reserved by tensorplay){why}"))
+                description=(f"tried to allocate {format_bytes(rsize)} on cuda:{self.device} "
+                             f"({format_bytes(free_b)} free of {format_bytes(total_b)}; "
+                             f"{format_bytes(self.st_allocated_bytes[ALL].current)} allocated and "
+                             f"{format_bytes(self.st_reserved_bytes[ALL].current)} reserved by tensorplay){why}"))
         check(r)
         cdef Block* b = <Block*>PyMem_Malloc(sizeof(Block))
         if b == NULL:
@@ -1192,14 +1193,6 @@ cdef int _put_stat(dict out, str name, Stat* s) except -1:
         out[pre + "allocated"] = s[i].allocated
         out[pre + "freed"] = s[i].freed
     return 0
-
-
-def _fmt(n):
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.2f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
 
 
 cdef list _allocators = [None] * MAX_DEVICES
