@@ -11,8 +11,10 @@ from tensorplay._tensor.interop import as_tensor, from_dlpack
 from tensorplay._config import config, show_config
 from tensorplay._kernels.nvrtc import NVRTCError
 from tensorplay._version import __version__  # written by meson from meson.build
-from tensorplay._tensor.tensor import (Tensor, arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
-                      ones_like, tensor, zeros, zeros_like)
+from tensorplay._tensor.creation import (arange, empty, empty_like, from_numpy, full, full_like, is_tensor, ones,
+                                         ones_like, tensor, zeros, zeros_like)
+from tensorplay._tensor.tensor import Tensor
+from tensorplay._tensor import transfer as _transfer
 
 from tensorplay._ops import methods as _methods_mod
 from tensorplay._ops.distributions import bernoulli, dropout, rand, rand_like, randint, randint_like, randn, randn_like
@@ -24,12 +26,17 @@ from tensorplay import types
 from tensorplay._ops.promotion import can_cast, promote_types, result_type
 from tensorplay._ops.blas import get_float32_matmul_precision, set_float32_matmul_precision
 from tensorplay import backends
-# importing _indexing registers its device-side index-error check with every host read
-from tensorplay._ops.indexing import check_device_errors as _check_device_errors  # noqa: F401
+from tensorplay._ops import indexing as _indexing
 from tensorplay._ops.custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in tensorplay.cuda)
 
+# What lower floors receive from above, given here, once everything is imported
+# (see tensorplay._tensor.transfer): the Tensor methods made from the op tables,
+# the check of device-side index errors run at every host read, and the
+# converter of foreign arrays (CUDA Array Interface, DLPack) that copy_ accepts.
 _methods_mod.install(Tensor)
 globals().update(_methods_mod.FUNCTIONS)
+_transfer.register_device_error_check(_indexing.check_device_errors)
+_transfer.register_foreign_converter(as_tensor)
 
 # PyTorch's dtype aliases. tensorplay.bool, .int and .float are attributes, as
 # torch.bool, but not in __all__: ``from tensorplay import *`` must leave the

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from tensorplay._driver.context import CudaError
-from tensorplay._tensor.tensor import byte_span
+from tensorplay._tensor.args import byte_span
 from tensorplay._graph.graphs import CUDAGraph, Outputs, capture_callable, graph_pool_handle
 from tensorplay.types import CaptureErrorMode, PoolLike
 

@@ -87,7 +87,7 @@ def workspace_limit(device):
         if kib < 0:
             raise ValueError(f"TENSORPLAY_CUBLASLT_WORKSPACE_SIZE must be >= 0, got {kib}")
         return kib * 1024
-    limits = _tls_dict("limits")
+    limits = tls_dict("limits")
     n = limits.get(device)
     if n is None:
         major, _ = get_device_capability(device)
@@ -95,7 +95,8 @@ def workspace_limit(device):
     return n
 
 
-def _tls_dict(name):
+def tls_dict(name):
+    """This thread's dict ``name`` (made on first use): per-thread caches of handles, plans and recipes."""
     d = getattr(_tls, name, None)
     if d is None:
         d = {}
@@ -105,7 +106,7 @@ def _tls_dict(name):
 
 def handle(device):
     """This thread's cuBLASLt handle for ``device``."""
-    handles = _tls_dict("handles")
+    handles = tls_dict("handles")
     h = handles.get(device)
     if h is None:
         ensure_loaded()
@@ -120,7 +121,7 @@ def plan(key, device, make):
     """This thread's plan for problem ``key``; ``make(handle)`` builds it (the
     heuristic query) the first time. Plans are per thread: a call sets the bias
     pointer on its descriptor."""
-    plans = _tls_dict("plans")
+    plans = tls_dict("plans")
     p = plans.get(key)
     if p is None:
         if len(plans) >= _MAX_PLANS:

@@ -8,7 +8,9 @@ import numbers
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._tensor.tensor import Tensor, _resolve_device, empty, tensor
+from tensorplay._tensor.args import normalize_dim, resolve_device
+from tensorplay._tensor.creation import empty, tensor
+from tensorplay._tensor.tensor import Tensor
 from tensorplay._kernels import cache as _kernels
 from tensorplay._ops.promotion import result_type
 
@@ -41,7 +43,7 @@ def linspace(start, end, steps, *, dtype=None, device=None):
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
         raise ValueError(f"linspace: steps must be a non-negative int, got {steps!r}")
     d = dt.default_float if dtype is None else dt.as_dtype(dtype)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     out = empty(steps, dtype=d, device=device)
     if steps == 0:
         return out
@@ -121,7 +123,7 @@ def cat(tensors, dim=0, *, out=None):
     """
     tensors = _tensor_list(tensors, "cat")
     ref = tensors[0]
-    d = ref._dim(dim) if ref.ndim else 0
+    d = normalize_dim(dim, ref.ndim) if ref.ndim else 0
     if ref.ndim == 0:
         raise ValueError("cat cannot concatenate 0-d tensors; use stack")
     for t in tensors[1:]:

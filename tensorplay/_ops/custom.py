@@ -17,7 +17,9 @@ import numpy as np
 
 from tensorplay import _dtypes as dt
 from tensorplay._driver.stream import _as_stream, current_stream_handle_of
-from tensorplay._tensor.tensor import Tensor, _as_source, _broadcast_shape, _resolve_device, broadcast_strides, empty
+from tensorplay._tensor.args import broadcast_shape, broadcast_strides, resolve_device
+from tensorplay._tensor.creation import empty
+from tensorplay._tensor.tensor import Tensor, as_source
 from tensorplay._driver.context import current_device
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels import codegen as _codegen
@@ -160,7 +162,7 @@ class RawKernel:
         Otherwise the first call does it. ``device`` defaults to the current
         CUDA device. Returns the loaded function.
         """
-        return self._function(_resolve_device("cuda" if device is None else device))
+        return self._function(resolve_device("cuda" if device is None else device))
 
     def __call__(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], args: Sequence[Any],
                  shared_mem: int = 0, stream: StreamLike | None = None) -> None:
@@ -276,7 +278,7 @@ class ElementwiseKernel:
         outs = list(args[n_in:]) or [kwargs.pop(v, None) for _, v in self.out_params]
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
-        ins: list[Any] = [a if isinstance(a, (Tensor, numbers.Number, np.generic)) else _as_source(a) for a in args[:n_in]]
+        ins: list[Any] = [a if isinstance(a, (Tensor, numbers.Number, np.generic)) else as_source(a) for a in args[:n_in]]
         bound: dict[str, dt.dtype] = {}
 
         def bind(typ, d, what):
@@ -308,7 +310,7 @@ class ElementwiseKernel:
         shape = ()
         for a in ins:
             if isinstance(a, Tensor):
-                shape = _broadcast_shape(shape, a.shape)
+                shape = broadcast_shape(shape, a.shape)
         devs = {t._device_index for t in tensors}
         if len(devs) != 1 or -1 in devs:
             raise ValueError(f"{self.name}: all tensors must be on one CUDA device, got {sorted(devs)}")

@@ -21,8 +21,10 @@ import numpy as np
 from tensorplay import _dtypes as dt
 from tensorplay._kernels import random_kernels as _rk
 from tensorplay._kernels import philox as _philox
-from tensorplay._random.generator import generator_for
-from tensorplay._tensor.tensor import Tensor, _empty_cuda, _like, _overlaps, _parse_size, _resolve_device, _resolve_dtype, copy_into, empty
+from tensorplay._random.generator import cpu_seed_and_offset, cuda_state_ptr, generator_for
+from tensorplay._tensor.args import overlaps, parse_size, resolve_device, resolve_dtype
+from tensorplay._tensor.creation import empty, like_dtype_device
+from tensorplay._tensor.tensor import Tensor, copy_into, empty_cuda
 
 __all__ = ["rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "dropout",
            "uniform_", "normal_", "bernoulli_", "exponential_", "random_", "tensor_bernoulli", "TENSOR_METHODS"]
@@ -78,21 +80,21 @@ def _fill(t, op, scalars, generator, what, inp=None, mode=None):
     gen = generator_for(generator, dev, what)
     variant = inp.dtype if op == "bernoulli_tensor" else mode
     if dev < 0:
-        seed, offset = gen._next_cpu()
+        seed, offset = cpu_seed_and_offset(gen)
         host_in = None
         if inp is not None:
             host_in = _flat_input(inp, t.shape, _numpy_compute(inp.dtype))
         vals = _philox.values(op, t.dtype.name, seed, offset, t.numel(), scalars, host_in, mode)
         np.copyto(t.numpy(), vals.reshape(t.shape), casting="unsafe")
         return t
-    target = t if t.is_contiguous() else _empty_cuda(t.shape, t.dtype, dev)
+    target = t if t.is_contiguous() else empty_cuda(t.shape, t.dtype, dev)
     if inp is not None:
         if inp.shape != t.shape:
             inp = inp.expand(t.shape)
         inp = inp.contiguous()
-        if _overlaps(target, inp):         # a shifted view of the output: thread i would read what i+1 writes
+        if overlaps(target, inp):         # a shifted view of the output: thread i would read what i+1 writes
             inp = inp.clone()
-    _rk.launch(op, target, gen._state_ptr(), scalars, inp, variant)
+    _rk.launch(op, target, cuda_state_ptr(gen), scalars, inp, variant)
     if target is not t:
         copy_into(t, target)
     return t
@@ -101,7 +103,7 @@ def _fill(t, op, scalars, generator, what, inp=None, mode=None):
 def _check_generator(generator, device, what):
     """Refuse a wrong ``generator=`` before anything is allocated."""
     if generator is not None:
-        generator_for(generator, _resolve_device(device), what)
+        generator_for(generator, resolve_device(device), what)
 
 
 def _check_same_device(a, b, what):
@@ -405,8 +407,8 @@ def rand(*size, generator=None, dtype=None, device=None):
     advances the generator's device-side offset (it can be captured; each
     replay draws new values).
     """
-    shape = _parse_size(size)
-    d = _resolve_dtype(dtype)
+    shape = parse_size(size)
+    d = resolve_dtype(dtype)
     _require_floating(d, "rand")
     _check_generator(generator, device, "rand")
     return _fill(empty(shape, dtype=d, device=device), "uniform", (0.0, 1.0), generator, "rand")
@@ -435,8 +437,8 @@ def randn(*size, generator=None, dtype=None, device=None):
     Tensor
         The values.
     """
-    shape = _parse_size(size)
-    d = _resolve_dtype(dtype)
+    shape = parse_size(size)
+    d = resolve_dtype(dtype)
     _require_floating(d, "randn")
     _check_generator(generator, device, "randn")
     return _fill(empty(shape, dtype=d, device=device), "normal", (0.0, 1.0), generator, "randn")
@@ -445,7 +447,7 @@ def randn(*size, generator=None, dtype=None, device=None):
 def _size_arg(size, what):
     if isinstance(size, (str, bytes)) or not hasattr(size, "__iter__"):
         raise TypeError(f"{what}: size must be a tuple of ints, got {type(size).__name__}")
-    return _parse_size((tuple(size),))
+    return parse_size((tuple(size),))
 
 
 def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=None):
@@ -489,7 +491,7 @@ def randint(low=0, high=None, size=None, *, generator=None, dtype=None, device=N
     shape = _size_arg(size, what)
     lo, hi = _int(low, "low", what), _int(high, "high", what)
     _check_generator(generator, device, what)
-    t = empty(shape, dtype=_resolve_dtype(dtype, dt.int64), device=device)
+    t = empty(shape, dtype=resolve_dtype(dtype, dt.int64), device=device)
     return _integers(t, lo, hi, generator, what)
 
 
@@ -512,7 +514,7 @@ def rand_like(input, *, generator=None, dtype=None, device=None):
     Tensor
         The values.
     """
-    d, dev = _like(input, dtype, device, "rand_like")
+    d, dev = like_dtype_device(input, dtype, device, "rand_like")
     return rand(input.shape, generator=generator, dtype=d, device=dev)
 
 
@@ -535,7 +537,7 @@ def randn_like(input, *, generator=None, dtype=None, device=None):
     Tensor
         The values.
     """
-    d, dev = _like(input, dtype, device, "randn_like")
+    d, dev = like_dtype_device(input, dtype, device, "randn_like")
     return randn(input.shape, generator=generator, dtype=d, device=dev)
 
 
@@ -565,7 +567,7 @@ def randint_like(input, low=0, high=None, *, generator=None, dtype=None, device=
         The values.
     """
     what = "randint_like"
-    d, dev = _like(input, dtype, device, what)
+    d, dev = like_dtype_device(input, dtype, device, what)
     if high is None:
         low, high = 0, low
     low, high = _int(low, "low", what), _int(high, "high", what)
@@ -598,7 +600,10 @@ def bernoulli(input, *, generator=None):
     return _fill(out, "bernoulli_tensor", (), generator, "bernoulli", inp=input)
 
 
-def _dropout(input, p, train, inplace, generator, what):
+def apply_dropout(input, p, train, inplace, generator, what):
+    """Dropout of ``input`` (``tensorplay.dropout`` and ``nn.functional.dropout``):
+    ``input`` itself when ``train`` is False, else a new tensor (or ``input``
+    when ``inplace``); ``what`` names the caller in errors."""
     if not isinstance(input, Tensor):
         raise TypeError(f"{what}: expected a Tensor, got {type(input).__name__}")
     prob = _real(p, "p", what)
@@ -645,7 +650,7 @@ def dropout(input, p=0.5, train=True, *, generator=None):
     ValueError
         For ``p`` outside [0, 1].
     """
-    return _dropout(input, p, train, False, generator, "dropout")
+    return apply_dropout(input, p, train, False, generator, "dropout")
 
 
 def tensor_bernoulli(self, *, generator=None):

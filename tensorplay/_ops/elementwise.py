@@ -14,7 +14,9 @@ import numbers
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._tensor.tensor import Tensor, _as_source, _broadcast_shape, _empty_cuda, broadcast_strides, empty
+from tensorplay._tensor.args import broadcast_shape, broadcast_strides
+from tensorplay._tensor.creation import empty
+from tensorplay._tensor.tensor import Tensor, as_source, empty_cuda
 from tensorplay._tensor.base import plan_key as _plan_key
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels import codegen as _codegen
@@ -162,7 +164,8 @@ OPS = {
 }
 
 
-def _numpy_compute_dtype(d):
+def numpy_compute_dtype(d):
+    """The NumPy dtype the CPU path computes dtype ``d`` in (float32 for the half types)."""
     return np.float32 if d in (dt.float16, dt.bfloat16) else d.numpy_dtype
 
 
@@ -206,7 +209,7 @@ def _check_operand(x):
             x = x.item()
         return x
     if isinstance(x, (list, tuple, np.ndarray)):
-        return _as_source(x)
+        return as_source(x)
     raise TypeError(f"unsupported operand type {type(x).__name__}; expected a Tensor or a real number")
 
 
@@ -268,7 +271,7 @@ _put_plan = _kernels.plans.put
 def _run_plan(plan, operands, out):
     """Launch ElementwisePlan ``plan`` over ``operands`` into ``out`` (allocated when None)."""
     if out is None:
-        out = _empty_cuda(plan.shape, plan.dtype, plan.device)
+        out = empty_cuda(plan.shape, plan.dtype, plan.device)
     plan.launch_plan.launch_operands(out, operands, plan.tensor_pos, plan.scalar_pos)
     return out
 
@@ -289,7 +292,7 @@ def apply(op, *operands, out=None, _inplace=False):
     result, compute = _dtypes_for(op, rule, operands)
     shape = ()
     for t in tensors:
-        shape = _broadcast_shape(shape, t.shape)
+        shape = broadcast_shape(shape, t.shape)
     device = _operand_device(operands, given)
     if _inplace:
         if not can_cast(result, out.dtype):
@@ -314,7 +317,7 @@ def apply(op, *operands, out=None, _inplace=False):
 
 
 def _apply_cpu(npfn, operands, compute, out):
-    cd = _numpy_compute_dtype(compute)
+    cd = numpy_compute_dtype(compute)
     args = []
     for x in operands:
         if isinstance(x, Tensor):
@@ -395,7 +398,7 @@ def where(condition, input, other, *, out=None):
     tensors = [t for t in operands if isinstance(t, Tensor)]
     shape = ()
     for t in tensors:
-        shape = _broadcast_shape(shape, t.shape)
+        shape = broadcast_shape(shape, t.shape)
     device = _operand_device(operands, given)
     out = _prepare_out(out, shape, result, device, "where")
     if out.numel() == 0:
@@ -404,7 +407,7 @@ def where(condition, input, other, *, out=None):
         _host_data_to(device, operands, given)
     condition, x, y = operands
     if device < 0:
-        cd = _numpy_compute_dtype(result)
+        cd = numpy_compute_dtype(result)
         vals = [np.asarray(v.numpy() if isinstance(v, Tensor) else v).astype(cd) for v in (x, y)]
         np.copyto(out.numpy(), np.where(condition.numpy().astype(bool), *vals), casting="unsafe")
         return out

@@ -16,7 +16,8 @@ import struct
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._tensor.tensor import Tensor, _as_source, _empty_cuda, copy_into, device_error_checks, empty, tensor
+from tensorplay._tensor.creation import empty, tensor
+from tensorplay._tensor.tensor import Tensor, as_source, copy_into, empty_cuda
 from tensorplay._driver.memcpy import memcpy_dtoh, memset_d8_async
 from tensorplay._driver.stream import current_stream_handle_of
 from tensorplay._kernels import cache as _kernels
@@ -30,13 +31,16 @@ _pending: set = set()      # devices with checked kernels launched since the las
 def _flag(dev):
     f = _flags.get(dev)
     if f is None:
-        f = _flags[dev] = _empty_cuda((1,), dt.int32, dev)
+        f = _flags[dev] = empty_cuda((1,), dt.int32, dev)
         memset_d8_async(f.data_ptr(), 0, 4, dev, current_stream_handle_of(dev))
     return f
 
 
 def check_device_errors(dev):
-    """Raise IndexError if a kernel saw an out-of-range device index (and reset it)."""
+    """Raise IndexError if a kernel saw an out-of-range device index (and reset it).
+
+    Run at every synchronizing host read of device ``dev`` (tensorplay/__init__.py
+    registers it with tensorplay._tensor.transfer)."""
     if dev not in _pending:
         return
     _pending.discard(dev)
@@ -48,11 +52,6 @@ def check_device_errors(dev):
         memset_d8_async(f.data_ptr(), 0, 4, dev, s)
         raise IndexError("an index tensor held an out-of-range index (reported by a CUDA kernel; "
                          "nothing was read or written out of bounds)")
-
-
-def _register():
-    if check_device_errors not in device_error_checks:
-        device_error_checks.append(check_device_errors)
 
 
 def is_advanced(ix):
@@ -92,7 +91,7 @@ def _index_tensor(ix, device):
     if isinstance(ix, Tensor):
         t = ix
     else:
-        t = _as_source(ix)
+        t = as_source(ix)
     if t.dtype.kind == "f":
         raise IndexError(f"tensors used as indices must be integer or bool, not {t.dtype.name}")
     return t, t.is_cpu
@@ -223,7 +222,7 @@ def setitem(t, index, value):
     if scalar:
         src.fill_(value)
     else:
-        v = _as_source(value)
+        v = as_source(value)
         if v.shape != shape:
             vshape = view.shape[:dim] + tuple(ix.shape) + view.shape[dim + 1:]
             if v.ndim and v.shape == vshape:
@@ -236,9 +235,6 @@ def setitem(t, index, value):
         return
     idx = flat.to(dt.int64).to(view.device).contiguous()
     _run("scatter", view, dim, idx, src)
-
-
-_register()
 
 
 # ------------------------------------------------------------------ Tensor methods

@@ -18,9 +18,11 @@ import numpy as np
 from tensorplay._kernels import cublaslt as _lt
 from tensorplay import _dtypes as dt
 from tensorplay._driver.stream import current_stream_handle_of
-from tensorplay._tensor.tensor import Tensor, _broadcast_shape, _empty_cuda, broadcast_strides, empty
+from tensorplay._tensor.args import broadcast_shape, broadcast_strides
+from tensorplay._tensor.creation import empty
+from tensorplay._tensor.tensor import Tensor, empty_cuda
 from tensorplay._ops import blas as _blas
-from tensorplay._ops.elementwise import _numpy_compute_dtype
+from tensorplay._ops.elementwise import numpy_compute_dtype
 
 _FLOATS = (dt.float16, dt.bfloat16, dt.float32, dt.float64)
 ACTIVATIONS = (None, "relu", "gelu")
@@ -170,7 +172,7 @@ def _make_plan(d, dev, M, N, K, batch, a_ptr, a_strides, b_ptr, b_strides, d_ptr
 
 
 def _store(key, recipe):
-    recipes = _blas._tls_dict("recipes")
+    recipes = _blas.tls_dict("recipes")
     if len(recipes) >= _MAX_RECIPES:
         recipes.clear()
     recipes[key] = recipe
@@ -181,7 +183,7 @@ def _run_recipe(recipe, a_ptr, b_ptr, bias_ptr=0, alpha=1.0):
     shape, d, dev, plan = recipe
     if plan.workspace_bytes:
         _reserve_capture_workspace(dev)
-    res = _empty_cuda(shape, d, dev)
+    res = empty_cuda(shape, d, dev)
     plan.run(a_ptr, b_ptr, res.data_ptr(), None, bias_ptr, alpha, 0.0)
     return res
 
@@ -258,7 +260,7 @@ def _matmul_shapes(a, b):
     if K != K2:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not align ({K} != {K2})")
     try:
-        batch = _broadcast_shape(a.shape[:-2], b.shape[:-2])
+        batch = broadcast_shape(a.shape[:-2], b.shape[:-2])
     except ValueError:
         raise ValueError(f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast") from None
     final = batch + ((M,) if a.ndim > 1 else ()) + ((N,) if b.ndim > 1 else ())
@@ -302,7 +304,7 @@ def matmul(input, other, *, out=None):
         key = ("mm", a.shape, a.strides, b.shape, b.strides, a._dtype_code, b._dtype_code,
                a._device_index, b._device_index, _blas.tf32_allowed(), a.data_ptr() & 15,
                b.data_ptr() & 15)
-        recipe = _blas._tls_dict("recipes").get(key)
+        recipe = _blas.tls_dict("recipes").get(key)
         if recipe is not None:
             return _run_recipe(recipe, a.data_ptr(), b.data_ptr())
     else:
@@ -311,7 +313,7 @@ def matmul(input, other, *, out=None):
     batch, M, N, K, final = _matmul_shapes(a, b)
     _check_out("matmul", out, final, a.dtype)
     if a.is_cpu:
-        r = np.matmul(a.numpy().astype(_numpy_compute_dtype(a.dtype)), b.numpy().astype(_numpy_compute_dtype(a.dtype)))
+        r = np.matmul(a.numpy().astype(numpy_compute_dtype(a.dtype)), b.numpy().astype(numpy_compute_dtype(a.dtype)))
         res = out if out is not None else empty(final, dtype=a.dtype)
         np.copyto(res.numpy(), np.asarray(r).reshape(final), casting="unsafe")
         return res
@@ -322,7 +324,7 @@ def matmul(input, other, *, out=None):
     a_vec, b_vec = a.ndim == 1, b.ndim == 1
     res = out
     if out is None or not _writable(_as_matrices(out, a_vec, b_vec), False):
-        res = _empty_cuda(final, d, dev)
+        res = empty_cuda(final, d, dev)
     if res.numel():
         if K == 0:
             res.zero_()
@@ -400,7 +402,7 @@ def _addmm_cuda(bias, a, b, M, N, K, beta, alpha, activation, out, shape):
     d = a.dtype
     dev = a._device_index
     _reserve_capture_workspace(dev)
-    res = out if out is not None and _writable(out, True) else _empty_cuda(shape, d, dev)
+    res = out if out is not None and _writable(out, True) else empty_cuda(shape, d, dev)
     if res.numel() == 0:
         return res, None
     # cuBLASLt's GELU epilogue computes its tanh in lower precision than float64
@@ -481,7 +483,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
                b._dtype_code, bias._dtype_code, a._device_index, b._device_index, bias._device_index,
                _blas.tf32_allowed(), activation, float(alpha), a.data_ptr() & 15, b.data_ptr() & 15,
                bias.data_ptr() & 15)
-        recipe = _blas._tls_dict("recipes").get(key)
+        recipe = _blas.tls_dict("recipes").get(key)
         if recipe is not None:
             return _run_recipe(recipe, a.data_ptr(), b.data_ptr(), bias.data_ptr(), float(alpha))
     else:
@@ -499,7 +501,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
         raise ValueError(f"addmm: input of shape {bias.shape} does not broadcast to {(M, N)}") from None
     _check_out("addmm", out, (M, N), a.dtype)
     if a.is_cpu:
-        cd = _numpy_compute_dtype(a.dtype)
+        cd = numpy_compute_dtype(a.dtype)
         r = float(alpha) * (a.numpy().astype(cd) @ b.numpy().astype(cd))
         if beta != 0:
             r = r + float(beta) * bias.numpy().astype(cd)
@@ -545,7 +547,7 @@ def linear(input, weight, bias=None, *, activation=None):
                x._device_index, w._device_index, _blas.tf32_allowed(), activation, x.data_ptr() & 15,
                w.data_ptr() & 15, None if bias is None else
                (bias.shape, bias.strides, bias._dtype_code, bias._device_index, bias.data_ptr() & 15))
-        recipe = _blas._tls_dict("recipes").get(key)
+        recipe = _blas.tls_dict("recipes").get(key)
         if recipe is not None:
             return _run_recipe(recipe, x.data_ptr(), w.data_ptr(), 0 if bias is None else bias.data_ptr())
     else:
@@ -576,7 +578,7 @@ def linear(input, weight, bias=None, *, activation=None):
 
 def _product_activated(a, b, activation):
     """(a @ b), activated, on CPU tensors."""
-    cd = _numpy_compute_dtype(a.dtype)
+    cd = numpy_compute_dtype(a.dtype)
     r = _activate_numpy(a.numpy().astype(cd) @ b.numpy().astype(cd), activation)
     res = empty(r.shape, dtype=a.dtype)
     np.copyto(res.numpy(), r, casting="unsafe")

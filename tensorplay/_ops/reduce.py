@@ -15,7 +15,9 @@ import numpy as np
 
 from tensorplay import _dtypes as dt
 from tensorplay import return_types
-from tensorplay._tensor.tensor import Tensor, _empty_cuda, empty
+from tensorplay._tensor.args import normalize_dim
+from tensorplay._tensor.creation import empty
+from tensorplay._tensor.tensor import Tensor, empty_cuda
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels import reduce_kernels
 from tensorplay._kernels.reduce_kernels import KINDS, acc_dtype, reduce_function
@@ -55,8 +57,8 @@ def _launch_rows(op, src, outer, inner, out, scale=None, in_is_acc=False, in_idx
         f.launch(blocks, 256, struct.pack("<QQQQqqqqqd", src.data_ptr(), in_idx_ptr, out.data_ptr(), 0,
                                           outer, inner, 1, inner, vw, scale if scaled else 1.0), 0, None)
         return out
-    part = _empty_cuda((outer * chunks,), acc, dev)
-    part_idx = _empty_cuda((outer * chunks,), dt.int64, dev) if with_index else None
+    part = empty_cuda((outer * chunks,), acc, dev)
+    part_idx = empty_cuda((outer * chunks,), dt.int64, dev) if with_index else None
     f = reduce_function(op, "row", in_dt, in_is_acc, out.dtype, False, scaled, dev, warps)
     f.launch(blocks, 256, struct.pack("<QQQQqqqqqd", src.data_ptr(), in_idx_ptr, part.data_ptr(),
                                       part_idx.data_ptr() if with_index else 0,
@@ -81,8 +83,8 @@ def _launch_columns(op, src, a, r, b, out, scale=None, in_is_acc=False, in_idx=N
     if final:
         dst, dst_idx = out, None
     else:
-        dst = _empty_cuda((splits * a * b,), acc, dev)
-        dst_idx = _empty_cuda((splits * a * b,), dt.int64, dev) if with_index else None
+        dst = empty_cuda((splits * a * b,), acc, dev)
+        dst_idx = empty_cuda((splits * a * b,), dt.int64, dev) if with_index else None
     f = reduce_function(op, "column", in_dt, in_is_acc, out.dtype, final, scaled, dev, 0)
     f.launch((a * colblocks, splits), 256,
              struct.pack("<QQQQqqqqqqd", src.data_ptr(), in_idx_ptr, dst.data_ptr(),
@@ -99,7 +101,7 @@ def _norm_dims(t, dim):
     dims = dim if isinstance(dim, (tuple, list)) else (dim,)
     out = []
     for d in dims:
-        d = t._dim(d)
+        d = normalize_dim(d, t.ndim)
         if d in out:
             raise ValueError(f"dimension {d} appears more than once in dim={dim!r}")
         out.append(d)

@@ -20,7 +20,9 @@ import numpy as np
 from tensorplay import _dtypes as dt
 from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtoh
 from tensorplay._driver.stream import current_stream_handle_of
-from tensorplay._tensor.tensor import Tensor, _empty_cuda, _resolve_device, empty, from_numpy, zeros
+from tensorplay._tensor.args import resolve_device
+from tensorplay._tensor.creation import empty, from_numpy, zeros
+from tensorplay._tensor.tensor import Tensor, empty_cuda
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels import sampling_kernels as _sk
 from tensorplay._kernels import sort_kernels as _sort
@@ -48,8 +50,8 @@ def sort_rows(keys, rows: int, n: int):
     dev = keys._device_index
     padded = _sort.padded_length(n)
     total = rows * padded
-    key = _empty_cuda((total,), dt.int64, dev)
-    idx = _empty_cuda((total,), dt.int64, dev)
+    key = empty_cuda((total,), dt.int64, dev)
+    idx = empty_cuda((total,), dt.int64, dev)
     kp, ip = key.data_ptr(), idx.data_ptr()
     for step in _sort.sort_steps(padded):
         f = _sort.sort_function(step[0], dev)
@@ -153,7 +155,7 @@ def randperm(n, *, generator=None, out=None, dtype=None, device=None):
     if device is None and isinstance(out, Tensor):
         dev = out._device_index
     else:
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
     if out is not None:
         _check_out("randperm", out, (n,), d, dev)
     where = "cpu" if dev < 0 else f"cuda:{dev}"
@@ -350,7 +352,7 @@ def race_keys_cuda(weights, uniforms, num_samples, status):
     the rows' problems into the int32 ``status``."""
     rows, n = weights.shape
     dev = weights._device_index
-    keys = _empty_cuda((rows, n), dt.int64, dev)
+    keys = empty_cuda((rows, n), dt.int64, dev)
     f = _sk.race_keys_function(weights.dtype, dev)
     f.launch(rows, 256, struct.pack("<QQQQqq", weights.data_ptr(), uniforms.data_ptr(), keys.data_ptr(),
                                     status.data_ptr(), n, num_samples), 0, None)
@@ -363,7 +365,7 @@ def inverse_cdf_cuda(weights, uniforms, num_samples, status):
     ORs the rows' problems into the int32 ``status``."""
     rows, n = weights.shape
     dev = weights._device_index
-    picks = _empty_cuda((rows, num_samples), dt.int64, dev)
+    picks = empty_cuda((rows, num_samples), dt.int64, dev)
     f = _sk.inverse_cdf_function(weights.dtype, dev)
     f.launch(rows, _sk.CDF_CHUNKS,
              struct.pack("<QQQQqqq", weights.data_ptr(), uniforms.data_ptr(), picks.data_ptr(),

@@ -11,18 +11,19 @@ import numbers
 
 from numpy.lib.stride_tricks import as_strided
 
-from tensorplay._tensor.tensor import _contiguous_strides
+from tensorplay._tensor.args import contiguous_strides, normalize_dim
+from tensorplay._tensor.tensor import new_cpu, view_of
 
 
 def _make_view(t, shape, strides, offset=0):
     shape, strides = tuple(shape), tuple(strides)
     if t.is_cuda:
-        return t._view_of(shape, strides, offset)
+        return view_of(t, shape, strides, offset)
     arr = t._array
     isz = t.itemsize
     if offset:
         raise AssertionError("CPU views with offsets go through NumPy indexing")
-    return t._cpu_view(as_strided(arr, shape=shape, strides=tuple(s * isz for s in strides)))
+    return new_cpu(as_strided(arr, shape=shape, strides=tuple(s * isz for s in strides)), t.dtype)
 
 
 def getitem(t, index):
@@ -72,10 +73,10 @@ def getitem(t, index):
             offset += (i % size) * strides[d]
         d += 1
     if t.is_cuda:
-        return t._view_of(tuple(new_shape), tuple(new_strides), offset)
+        return view_of(t, tuple(new_shape), tuple(new_strides), offset)
     np_index = tuple(int(ix.__index__()) if not (ix is None or isinstance(ix, slice)) else ix
                      for ix in index)
-    return t._cpu_view(t._array[np_index + (Ellipsis,)])
+    return new_cpu(t._array[np_index + (Ellipsis,)], t.dtype)
 
 
 def _view_strides(oldshape, oldstride, newshape):
@@ -85,7 +86,7 @@ def _view_strides(oldshape, oldstride, newshape):
     for s in oldshape:
         numel *= s
     if numel == 0 or not oldshape:
-        return _contiguous_strides(newshape)
+        return contiguous_strides(newshape)
     newstride = [0] * len(newshape)
     view_d = len(newshape) - 1
     chunk_base = oldstride[-1]
@@ -126,7 +127,7 @@ def reshape(t, shape):
 def flatten(t, start_dim=0, end_dim=-1):
     if t.ndim == 0:
         return reshape(t, (1,))
-    s, e = t._dim(start_dim), t._dim(end_dim)
+    s, e = normalize_dim(start_dim, t.ndim), normalize_dim(end_dim, t.ndim)
     if s > e:
         raise ValueError("flatten: start_dim must not come after end_dim")
     n = 1
@@ -188,7 +189,7 @@ def squeeze(t, dim=None):
     if dim is None:
         keep = [i for i, s in enumerate(shape) if s != 1]
     else:
-        dims = {t._dim(d) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+        dims = {normalize_dim(d, t.ndim) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
         keep = [i for i, s in enumerate(shape) if not (i in dims and s == 1)]
     return _make_view(t, [shape[i] for i in keep], [strides[i] for i in keep])
 
@@ -293,7 +294,7 @@ def tensor_transpose(self, dim0, dim1):
         A view sharing this tensor's storage.
     """
     perm = list(range(self.ndim))
-    a, b = self._dim(dim0), self._dim(dim1)
+    a, b = normalize_dim(dim0, self.ndim), normalize_dim(dim1, self.ndim)
     if self.ndim:
         perm[a], perm[b] = perm[b], perm[a]
     return permute(self, perm)
@@ -315,7 +316,7 @@ def tensor_permute(self, *dims):
     """
     if len(dims) == 1 and not isinstance(dims[0], numbers.Integral):
         dims = tuple(dims[0])
-    return permute(self, [self._dim(d) for d in dims])
+    return permute(self, [normalize_dim(d, self.ndim) for d in dims])
 
 
 def tensor_T(self):

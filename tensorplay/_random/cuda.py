@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from tensorplay._driver.context import is_available
 from tensorplay._random.generator import (DefaultGenerators, cuda_devices, cuda_initial_seed, default_cuda_generator,
                                  default_generators, seed_cuda_device, seed_value)
-from tensorplay._tensor.tensor import _resolve_device
+from tensorplay._tensor.args import resolve_device
 
 if TYPE_CHECKING:
     from tensorplay import Tensor
@@ -28,7 +28,7 @@ default_generators: DefaultGenerators = default_generators
 
 def _index(device: DeviceLike) -> int:
     """The CUDA device index of ``device`` (None: the current device)."""
-    dev = _resolve_device("cuda" if device is None else device)
+    dev = resolve_device("cuda" if device is None else device)
     if dev < 0:
         raise ValueError(f"expected a CUDA device, got {device!r}")
     return dev

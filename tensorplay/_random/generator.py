@@ -31,7 +31,8 @@ from tensorplay._device import device as _device_cls
 from tensorplay._kernels import random_kernels as _rk
 from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtoh
 from tensorplay._driver.stream import current_stream, current_stream_handle_of
-from tensorplay._tensor.tensor import Tensor as _Tensor, _new_cpu, _resolve_device
+from tensorplay._tensor.args import resolve_device
+from tensorplay._tensor.tensor import Tensor as _Tensor, new_cpu
 from tensorplay._kernels.philox import DEFAULT_SEED
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Generator", "DefaultGenerators", "default_generator", "default_generators", "manual_seed", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "generator_for", "default_cuda_generator",
-           "seed_cuda_device", "cuda_devices", "cuda_initial_seed", "seed_value"]
+           "seed_cuda_device", "cuda_devices", "cuda_initial_seed", "seed_value", "cpu_seed_and_offset",
+           "cuda_state_ptr"]
 
 _U64 = (1 << 64) - 1
 STATE_NBYTES = 16          # what get_state() returns: seed, offset (little-endian uint64)
@@ -94,7 +96,7 @@ class Generator:
     _default: bool
 
     def __init__(self, device: DeviceLike = "cpu") -> None:
-        self._init(_resolve_device(device), DEFAULT_SEED, default=False)
+        self._init(resolve_device(device), DEFAULT_SEED, default=False)
 
     def _init(self, dev: int, seed: int, default: bool) -> None:
         self._device_index = dev
@@ -188,7 +190,7 @@ class Generator:
         """
         if self._device_index < 0:
             raw = struct.pack("<QQ", self._seed, self._offset)
-            return _new_cpu(np.frombuffer(raw, dtype=np.uint8).copy(), dt.uint8)
+            return new_cpu(np.frombuffer(raw, dtype=np.uint8).copy(), dt.uint8)
         dev = self._device_index
         stream = current_stream_handle_of(dev)
         if host_reads_blocked(dev, stream):
@@ -197,7 +199,7 @@ class Generator:
                                "before or after the capture")
         out = np.empty(STATE_NBYTES, dtype=np.uint8)
         memcpy_dtoh(out.ctypes.data, self._device_state().ptr, STATE_NBYTES, dev, stream)
-        return _new_cpu(out, dt.uint8)
+        return new_cpu(out, dt.uint8)
 
     def set_state(self, new_state: Tensor) -> Generator:
         """Set the state from a tensor :meth:`get_state` returned (of any generator); return ``self``.
@@ -232,9 +234,7 @@ class Generator:
             self._offset = offset
             return
         dev = self._device_index
-        _rk.launch_set_state(dev, self._state_ptr(), seed, offset, current_stream_handle_of(dev))
-
-    # -------------------------------------------------------------- for the random ops
+        _rk.launch_set_state(dev, cuda_state_ptr(self), seed, offset, current_stream_handle_of(dev))
 
     def _device_state(self) -> DeviceAllocation:
         """A CUDA generator's device memory (seed, offset, done-counter)."""
@@ -243,23 +243,27 @@ class Generator:
             raise RuntimeError(f"{self!r} has no device state")     # only CPU generators
         return state
 
-    def _next_cpu(self) -> tuple[int, int]:
-        """(seed, offset) for one CPU op, advancing the offset."""
-        off = self._offset
-        self._offset = (off + 1) & _U64
-        return self._seed, off
 
-    def _state_ptr(self) -> int:
-        """The device address of a CUDA generator's state, for one kernel on the
-        current stream: a capture keeps the state alive; a user generator's
-        state, used on another stream, is not reused before that stream's work."""
-        state = self._device_state()
-        _note_capture_use(state)
-        if not self._default:
-            stream = current_stream_handle_of(self._device_index)
-            if not host_reads_blocked(self._device_index, stream):
-                state.record_stream(stream)
-        return state.ptr
+# ------------------------------------------------------------------ for the random ops
+
+def cpu_seed_and_offset(gen: Generator) -> tuple[int, int]:
+    """(seed, offset) of CPU generator ``gen`` for one op, advancing its offset."""
+    off = gen._offset
+    gen._offset = (off + 1) & _U64
+    return gen._seed, off
+
+
+def cuda_state_ptr(gen: Generator) -> int:
+    """The device address of CUDA generator ``gen``'s state, for one kernel on
+    the current stream: a capture keeps the state alive; a user generator's
+    state, used on another stream, is not reused before that stream's work."""
+    state = gen._device_state()
+    _note_capture_use(state)
+    if not gen._default:
+        stream = current_stream_handle_of(gen._device_index)
+        if not host_reads_blocked(gen._device_index, stream):
+            state.record_stream(stream)
+    return state.ptr
 
 
 def _new_device_state(dev: int, seed: int, default: bool) -> DeviceAllocation:

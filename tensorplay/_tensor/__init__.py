@@ -1,4 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The tensor core: the compiled ``TensorBase`` (``base``), DLPack capsules
-(``dlpack``), the Tensor class with creation and transfers (``tensor``) and
-interop with other libraries' arrays (``interop``)."""
+"""The tensor core: the compiled ``TensorBase`` (``base``) and DLPack capsules
+(``dlpack``); the argument helpers (``args``); host and device copies,
+``tensorplay.cuda.synchronize`` and what the core receives from above
+(``transfer``); the Tensor class with the copies and fills its methods make
+(``tensor``); making tensors (``creation``); and interop with other
+libraries' arrays (``interop``)."""

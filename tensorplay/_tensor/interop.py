@@ -11,7 +11,9 @@ from tensorplay._tensor.dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, dlp
 from tensorplay._driver.memcpy import pointer_device
 from tensorplay._driver.stream import Event, ExternalStream, current_stream, current_stream_handle_of
 from tensorplay._tensor.base import ForeignStorage
-from tensorplay._tensor.tensor import Tensor, _contiguous_strides, _new_cpu, _new_cuda, register_foreign_converter, tensor
+from tensorplay._tensor.args import contiguous_strides
+from tensorplay._tensor.creation import tensor
+from tensorplay._tensor.tensor import Tensor, new_cpu, new_cuda
 
 __all__ = ["from_dlpack", "as_tensor"]
 
@@ -67,7 +69,7 @@ def from_dlpack(ext_tensor):
         dev_type, dev_id = obj.__dlpack_device__()
         if dev_type == DLPACK_DEVICE_CPU:
             arr = np.from_dlpack(obj)
-            return _new_cpu(arr)
+            return new_cpu(arr)
         if dev_type != DLPACK_DEVICE_CUDA:
             raise BufferError(f"unsupported DLPack device type {dev_type}")
         dev = _cuda_device_index(int(dev_id))
@@ -85,9 +87,9 @@ def from_dlpack(ext_tensor):
         raise BufferError(f"unsupported DLPack device type {dev_type}")
     dev = _cuda_device_index(int(dev_id))
     if strides is None:
-        strides = _contiguous_strides(shape)
+        strides = contiguous_strides(shape)
     storage = ForeignStorage(owner, ptr, _span_bytes(shape, strides, d.itemsize), dev)
-    return _new_cuda(storage, ptr, shape, strides, d, dev)
+    return new_cuda(storage, ptr, shape, strides, d, dev)
 
 
 def _from_cuda_array_interface(obj):
@@ -102,7 +104,7 @@ def _from_cuda_array_interface(obj):
         raise ValueError("__cuda_array_interface__ masks are not supported")
     d = dt.from_typestr(typestr)
     if cai.get("strides") is None:
-        strides = _contiguous_strides(shape)
+        strides = contiguous_strides(shape)
     else:
         bs = tuple(int(s) for s in cai["strides"])
         if any(s % d.itemsize for s in bs):
@@ -124,7 +126,7 @@ def _from_cuda_array_interface(obj):
             ev.record(ExternalStream(producer, device=dev))
             current_stream(dev).wait_event(ev)
     storage = ForeignStorage(obj, ptr, _span_bytes(shape, strides, d.itemsize), dev)
-    return _new_cuda(storage, ptr, shape, strides, d, dev)
+    return new_cuda(storage, ptr, shape, strides, d, dev)
 
 
 def as_tensor(data, dtype=None, device=None):
@@ -160,7 +162,7 @@ def as_tensor(data, dtype=None, device=None):
         t = from_dlpack(obj)
     elif isinstance(obj, np.ndarray) and obj.dtype.isnative:
         try:
-            t = _new_cpu(obj)
+            t = new_cpu(obj)
         except TypeError:
             t = tensor(obj, dtype=dtype, device=device)
     else:
@@ -168,6 +170,3 @@ def as_tensor(data, dtype=None, device=None):
     if dtype is not None or device is not None:
         t = t.to(dtype=dtype, device=device)
     return t
-
-
-register_foreign_converter(as_tensor)      # operands and copy sources of foreign arrays

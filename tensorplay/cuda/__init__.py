@@ -19,7 +19,7 @@ from tensorplay._memory.allocator import (empty_cache, graph_pool_handle, max_me
                                           max_memory_reserved, memory_allocated, memory_reserved, memory_snapshot,
                                           memory_stats, reset_peak_memory_stats)
 from tensorplay._memory.summary import live_driver_objects, memory_summary
-from tensorplay._tensor.tensor import synchronize
+from tensorplay._tensor.transfer import synchronize
 from tensorplay._kernels.cublaslt import CublasError
 from tensorplay._kernels.nvrtc import clear_kernel_cache, kernel_cache_dir, kernel_cache_info
 from tensorplay._ops.blas import CublasUnavailableError

@@ -45,5 +45,5 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     ValueError
         For ``p`` outside [0, 1].
     """
-    result: Tensor = _dropout(input, p, training, inplace, generator, "dropout")
+    result: Tensor = apply_dropout(input, p, training, inplace, generator, "dropout")
     return result

@@ -175,7 +175,7 @@ class _Launches:
 
 def _fake(shape, dtype, ptr=0x100000, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.args.contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -190,7 +190,7 @@ def launches(monkeypatch):
     def fake_empty(shape, dtype, dev):
         made.append(shape)
         return _fake(shape, dtype, 0x40000000 + 0x1000000 * len(made))
-    monkeypatch.setattr(_reduce, "_empty_cuda", fake_empty)
+    monkeypatch.setattr(_reduce, "empty_cuda", fake_empty)
     monkeypatch.setattr(_reduce, "empty", lambda shape, dtype, device: _fake(shape, dtype, 0x20000000))
     return rec.log
 
@@ -297,7 +297,7 @@ from tensorplay._ops import custom as _custom  # noqa: E402
 
 def _fake_on(shape, dtype, device=0, ptr=0x100000, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.args.contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, device)
     return t
 

@@ -86,9 +86,9 @@ def test_collapse_dims_preserves_every_offset(shape, data):
     for _ in range(n_ops):
         kind = data.draw(st.sampled_from(["contig", "broadcast", "random"]))
         if kind == "contig":
-            strides_list.append(list(tp._tensor.tensor._contiguous_strides(shape)))
+            strides_list.append(list(tp._tensor.args.contiguous_strides(shape)))
         elif kind == "broadcast":
-            base = tp._tensor.tensor._contiguous_strides(shape)
+            base = tp._tensor.args.contiguous_strides(shape)
             strides_list.append([0 if data.draw(st.booleans()) else s for s in base])
         else:
             strides_list.append([data.draw(st.integers(-7, 7)) for _ in shape])
@@ -143,7 +143,7 @@ def test_arange_kernels_compile_for_every_dtype(d):
     for every dtype; the floating one multiplies and adds in float64 rounded
     at each step, as NumPy's loop, never as a fused multiply-add."""
     from helpers import ptx_of
-    kind, expr, scalars = tp._tensor.tensor.arange_kernel_args(0.5, 0.25, d)
+    kind, expr, scalars = tp._tensor.creation.arange_kernel_args(0.5, 0.25, d)
     src = _codegen.elementwise_source(f"tp_arange_{d.name}", d, (), expr, 0, (kind,) * len(scalars))
     assert _nvrtc.compile_cubin(src, "arange.cu", (), ARCH)[:4] == b"\x7fELF"
     ptx = ptx_of(src)

@@ -133,7 +133,7 @@ def kernels(emulated, monkeypatch):
         return functions[key]
 
     monkeypatch.setattr(cache, "cached_function", cached_function)
-    monkeypatch.setattr(_sampling, "_empty_cuda",
+    monkeypatch.setattr(_sampling, "empty_cuda",
                         lambda shape, dtype, dev: FakeCudaTensor(np.empty(shape, dtype=dtype.numpy_dtype)))
     monkeypatch.setitem(cache._sm_cache, 0, 4)          # a small GPU: grid-stride loops take several turns
     return functions

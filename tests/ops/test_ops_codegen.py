@@ -26,7 +26,7 @@ ARCH = 90
 
 def fake_cuda(shape, dtype, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.args.contiguous_strides(shape)
     t._set_cuda(None, 0x100000, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -175,7 +175,7 @@ class _Recorder:
 
 def _fake_at(shape, dtype, ptr, strides=None):
     t = tp.Tensor.__new__(tp.Tensor)
-    strides = strides or tp._tensor.tensor._contiguous_strides(shape)
+    strides = strides or tp._tensor.args.contiguous_strides(shape)
     t._set_cuda(None, ptr, tuple(shape), tuple(strides), dtype.code, 0)
     return t
 
@@ -232,7 +232,7 @@ def test_launch_plans_allocate_outputs_and_check_scalar_ranges(monkeypatch):
     def fake_empty(shape, dtype, dev):
         made.append(shape)
         return _fake_at(shape, dtype, 0x500000 + 0x1000 * len(made))
-    monkeypatch.setattr(_elementwise, "_empty_cuda", fake_empty)
+    monkeypatch.setattr(_elementwise, "empty_cuda", fake_empty)
     monkeypatch.setattr(_elementwise, "empty", lambda shape, dtype, device: fake_empty(shape, dtype, 0))
     _kernels.plans.clear()
     a = _fake_at((3,), tp.int64, 0x1000)
@@ -258,7 +258,7 @@ def test_ops_under_capture_register_their_storages(monkeypatch):
 
     def fake_with_storage(shape, dtype, ptr):
         t = tp.Tensor.__new__(tp.Tensor)
-        t._set_cuda(Storage(), ptr, shape, tp._tensor.tensor._contiguous_strides(shape), dtype.code, 0)
+        t._set_cuda(Storage(), ptr, shape, tp._tensor.args.contiguous_strides(shape), dtype.code, 0)
         return t
     a, b = fake_with_storage((4,), tp.float32, 0x10000), fake_with_storage((4,), tp.float32, 0x20000)
     out = fake_with_storage((4,), tp.float32, 0x30000)

@@ -19,7 +19,10 @@ from hypothesis import given, settings, strategies as st
 
 import tensorplay as tp
 from helpers import ALL_DTYPES, ROOT, random_array
+from tensorplay._tensor import args as _args
+from tensorplay._tensor import creation as _tensor_creation
 from tensorplay._tensor import tensor as _tensor
+from tensorplay._tensor import transfer as _transfer
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels.param_upload import (PARAM_HEADER_BYTES, PARAM_UPLOAD_CAPACITIES, PARAM_UPLOAD_MAX_BYTES,
                                               PARAM_WRITE_BLOCK, pack_param_write, param_write_capacity)
@@ -110,7 +113,7 @@ class FakeDevice:
         self._next += (n * dtype.itemsize + 0x1FF) & ~0xFF
         self.allocs.append(tuple(shape))
         t = tp.Tensor.__new__(tp.Tensor)
-        t._set_cuda(None, ptr, tuple(shape), _tensor._contiguous_strides(shape), dtype.code, dev)
+        t._set_cuda(None, ptr, tuple(shape), _args.contiguous_strides(shape), dtype.code, dev)
         return t
 
     def function(self, key, dev, make):
@@ -153,18 +156,18 @@ def fake(monkeypatch):
     dev = FakeDevice()
 
     def resolve(device):
-        return -1 if _tensor.as_device(device).type == "cpu" else 0
-    for mod in (_tensor, _elementwise, _indexing):
-        monkeypatch.setattr(mod, "_empty_cuda", dev.empty)
-    for mod in (_tensor, _creation):
-        monkeypatch.setattr(mod, "_resolve_device", resolve)
-    monkeypatch.setattr(_tensor, "_cuda_device_index", lambda device=None: 0)
-    for mod in (_tensor, _indexing):
+        return -1 if _args.as_device(device).type == "cpu" else 0
+    for mod in (_tensor, _tensor_creation, _elementwise, _indexing):
+        monkeypatch.setattr(mod, "empty_cuda", dev.empty)
+    for mod in (_tensor, _tensor_creation, _creation):
+        monkeypatch.setattr(mod, "resolve_device", resolve)
+    monkeypatch.setattr(_tensor, "cuda_device_index", lambda device=None: 0)
+    for mod in (_tensor, _transfer, _indexing):
         monkeypatch.setattr(mod, "current_stream_handle_of", lambda d: STREAM)
     monkeypatch.setattr(_kernels, "cached_function", dev.function)
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
-    monkeypatch.setattr(_tensor, "memcpy_htod_async", dev.memcpy_htod)
-    monkeypatch.setattr(_tensor, "refuse_in_capture", dev.refuse)
+    monkeypatch.setattr(_transfer, "memcpy_htod_async", dev.memcpy_htod)
+    monkeypatch.setattr(_transfer, "refuse_in_capture", dev.refuse)
     monkeypatch.setattr(_tensor, "memcpy_dtod_async",
                         lambda dst, src, n, d, s: dev.device_copies.append((dst, src, n)))
     for mod in (_tensor, _indexing):
@@ -402,7 +405,7 @@ steps = st.one_of(st.integers(-1000, 1000).filter(bool),
 @settings(max_examples=500, deadline=None)
 @given(start=st.one_of(ints, floats), end=st.one_of(ints, floats), step=steps)
 def test_arange_length_is_numpys(start, end, step):
-    n = _tensor.arange_length(start, end, step)
+    n = _tensor_creation.arange_length(start, end, step)
     if n > 200_000:
         return
     assert n == len(np.arange(start, end, step, dtype=np.float64)) == len(np.arange(start, end, step))
@@ -412,7 +415,7 @@ def test_arange_length_is_numpys(start, end, step):
                                                  (0.0, 1e-300, 1e300, 1), (0.0, -1e-300, 1e300, 0),
                                                  (5, 0, -1, 5), (5, 0, 1, 0), (2**70, 2**70 + 7, 3, 3)])
 def test_arange_length_edge_cases(start, end, step, n):
-    assert _tensor.arange_length(start, end, step) == n
+    assert _tensor_creation.arange_length(start, end, step) == n
     if abs(start) < 2**63:
         assert len(np.arange(start, end, step)) == n
 
@@ -421,8 +424,8 @@ def _kernel_values(start, end, step, d):
     """What the CUDA arange kernel computes, evaluated with NumPy: float64
     operations rounded one by one (NumPy's vector multiply and add do not
     fuse), int64 arithmetic wrapping, then the dtype cast of the store."""
-    n = _tensor.arange_length(start, end, step)
-    kind, expr, scalars = _tensor.arange_kernel_args(start, step, d)
+    n = _tensor_creation.arange_length(start, end, step)
+    kind, expr, scalars = _tensor_creation.arange_kernel_args(start, step, d)
     i = np.arange(n, dtype=np.int64)
     if kind == "f":
         first, delta, second = scalars

@@ -1,0 +1,421 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Making tensors: ``tensor``, ``from_numpy``, ``empty``, ``zeros``, ``ones``,
+``full``, ``arange`` and the ``*_like`` forms, and ``is_tensor``."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from tensorplay import _dtypes as dt
+from tensorplay._device import device as _device_cls
+from tensorplay._kernels import cache as _kernels
+from tensorplay._tensor.args import numpy_data, parse_size, resolve_device, resolve_dtype
+from tensorplay._tensor.tensor import Tensor, empty_cuda, new_cpu
+from tensorplay._tensor.transfer import refuse_large_upload_in_capture, upload
+
+__all__ = ["tensor", "empty", "zeros", "ones", "full", "arange", "empty_like", "zeros_like", "ones_like", "full_like",
+           "from_numpy", "is_tensor", "like_dtype_device", "arange_length", "arange_kernel_args"]
+
+
+def tensor(data, *, dtype=None, device=None):
+    """Make a new tensor holding a copy of ``data``.
+
+    As ``torch.tensor``: Python floats give float32, ints int64, bools bool;
+    NumPy arrays keep their dtype.
+
+    Parameters
+    ----------
+    data : object
+        A number, nested sequences of numbers, a NumPy array or a tensor.
+    dtype : dtype, str or None, optional
+        The dtype; by default inferred from ``data``.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        A new tensor. For CUDA, host data of up to 4096 bytes is written by
+        a kernel carrying it in its parameters (so a CUDA graph capture can
+        hold it), larger data is copied with cuMemcpyHtoDAsync, both on the
+        current stream; a tensor's data is copied on the device.
+
+    Raises
+    ------
+    CudaError
+        ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for more than 4096 bytes of
+        host data inside a CUDA graph capture (before any GPU work; the
+        capture stays usable).
+    """
+    dev = resolve_device(device)
+    if isinstance(data, Tensor):
+        # a copy on the device where it can be: capturable for CUDA data
+        d = data.dtype if dtype is None else dt.as_dtype(dtype)
+        return data.to(dtype=d, device=_device_cls("cpu") if dev < 0 else _device_cls("cuda", dev), copy=True)
+    arr, d = numpy_data(data, dtype)
+    if dev < 0:
+        return new_cpu(np.array(arr, dtype=d.numpy_dtype, copy=True), d)
+    refuse_large_upload_in_capture(arr.nbytes, dev)
+    out = empty_cuda(arr.shape, d, dev)
+    upload(out, np.ascontiguousarray(arr))
+    return out
+
+
+def from_numpy(ndarray):
+    """Make a CPU tensor sharing memory with the NumPy array ``ndarray``.
+
+    Writes through either are seen by the other. bfloat16 arrays come from
+    ``ml_dtypes``.
+
+    Parameters
+    ----------
+    ndarray : numpy.ndarray
+        An array of a supported dtype in native byte order.
+
+    Returns
+    -------
+    Tensor
+        A CPU tensor over the array's memory.
+    """
+    array = ndarray
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected a numpy.ndarray, got {type(array).__name__}")
+    if not array.dtype.isnative:
+        raise ValueError("non-native byte order is not supported; use array.astype(array.dtype.newbyteorder('='))")
+    return new_cpu(array)
+
+
+def empty(*size, dtype=None, device=None):
+    """Make a tensor of shape ``size`` without initialising its elements.
+
+    CUDA memory comes from the caching allocator, ordered on the current
+    stream (inside a capture, from the capture's pool).
+
+    Parameters
+    ----------
+    *size : int or sequence of int
+        The shape: ``empty(2, 3)``, ``empty((2, 3))`` or ``empty([2, 3])``.
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    shape = parse_size(size)
+    d = resolve_dtype(dtype)
+    dev = resolve_device(device)
+    if dev < 0:
+        return new_cpu(np.empty(shape, dtype=d.numpy_dtype), d)
+    return empty_cuda(shape, d, dev)
+
+
+def zeros(*size, dtype=None, device=None):
+    """Make a tensor of shape ``size`` filled with zeros.
+
+    On CUDA the memory is cleared with cuMemsetD8Async on the current stream.
+
+    Parameters
+    ----------
+    *size : int or sequence of int
+        The shape.
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    t = empty(*size, dtype=dtype, device=device)
+    return t.zero_()
+
+
+def ones(*size, dtype=None, device=None):
+    """Make a tensor of shape ``size`` filled with ones.
+
+    Parameters
+    ----------
+    *size : int or sequence of int
+        The shape.
+    dtype : dtype, str or None, optional
+        Default float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    return empty(*size, dtype=dtype, device=device).fill_(1)
+
+
+def full(size, fill_value, *, dtype=None, device=None):
+    """Make a tensor of shape ``size`` filled with ``fill_value``.
+
+    Parameters
+    ----------
+    size : int or sequence of int
+        The shape.
+    fill_value : bool, int or float
+        The value, cast to the dtype.
+    dtype : dtype, str or None, optional
+        By default the value's: bool, int64 or float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    if dtype is None:
+        if isinstance(fill_value, (bool, np.bool_)):
+            dtype = dt.bool_
+        elif isinstance(fill_value, numbers.Integral):
+            dtype = dt.int64
+        else:
+            dtype = dt.default_float
+    if isinstance(size, numbers.Integral):
+        size = (size,)
+    return empty(size, dtype=dtype, device=device).fill_(fill_value)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None):
+    """Make a 1-D tensor of the values from ``start`` up to (not including) ``end`` by ``step``.
+
+    ``arange(n)`` counts from 0 to ``n - 1``. The values are NumPy's:
+    ``numpy.arange(start, end, step)`` computed in int64 for integer and
+    bool dtypes, in float64 for floating ones, then cast; there are
+    ``ceil((end - start) / step)`` of them (none when that is not positive).
+    On CUDA one kernel computes them on the current stream (no host copy,
+    so it can be captured in a CUDA graph).
+
+    Parameters
+    ----------
+    start : int or float
+        The first value (or, alone, ``end``, counting from 0).
+    end : int or float, optional
+        The bound, not included.
+    step : int or float, optional
+        The spacing, nonzero; default 1.
+    dtype : dtype, str or None, optional
+        By default int64 when every argument is an int, else float32.
+    device : device, str, int or None, optional
+        Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
+        index or a :class:`device`.
+
+    Returns
+    -------
+    Tensor
+        The values.
+
+    Raises
+    ------
+    TypeError
+        If an argument is not a real number (bools are not).
+    ValueError
+        If ``step`` is zero or the length is NaN.
+    OverflowError
+        If the length or a value does not fit in int64.
+    """
+    if end is None:
+        start, end = 0, start
+    start, end, step = (_arange_number(v) for v in (start, end, step))
+    if step == 0:
+        raise ValueError("arange step must be non-zero")
+    if dtype is None:
+        all_int = all(isinstance(v, int) for v in (start, end, step))
+        dtype = dt.int64 if all_int else dt.default_float
+    d = dt.as_dtype(dtype)
+    n = arange_length(start, end, step)
+    if n:
+        kind, expr, scalars = arange_kernel_args(start, step, d)    # checks the values on both paths
+    dev = resolve_device(device)
+    if dev < 0:
+        work = np.float64 if d.kind == "f" else np.int64
+        with np.errstate(over="ignore"):         # the cast wraps or saturates, as on the GPU
+            return new_cpu(np.arange(start, end, step, dtype=work).astype(d.numpy_dtype), d)
+    out = empty_cuda((n,), d, dev)
+    if n:
+        _kernels.launch_elementwise(("arange", kind), expr, out, (), (), scalars, (kind,) * len(scalars))
+    return out
+
+
+def _arange_number(v):
+    """An arange argument as a Python int or float (NumPy scalars too), so the
+    CPU and CUDA paths compute with the same values."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"arange takes real numbers, got {v!r}")
+    return int(v) if isinstance(v, numbers.Integral) else float(v)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def arange_length(start, end, step):
+    """The number of values of ``arange(start, end, step)`` (Python ints or
+    floats), as NumPy counts them: ``ceil((end - start) / step)`` in Python
+    arithmetic (exact for ints), 0 when that is not positive."""
+    span = end - start
+    if span == 0:
+        return 0
+    try:
+        q = span / step
+    except OverflowError:
+        raise OverflowError("arange: overflow while computing the length") from None
+    if math.isnan(q):
+        raise ValueError(f"arange: cannot compute the length of arange({start}, {end}, {step})")
+    if math.isinf(q) or math.ceil(q) > _INT64_MAX:
+        raise OverflowError(f"arange: the length of arange({start}, {end}, {step}) does not fit in int64")
+    if q == 0:
+        # the quotient underflowed (or step is infinite): NumPy counts its sign
+        return 0 if math.copysign(1.0, q) < 0 else 1
+    return max(0, math.ceil(q))
+
+
+def arange_kernel_args(start, step, d):
+    """(scalar kind, expression, scalars) of the CUDA arange kernel over the
+    linear index ``i`` for dtype ``d``, reproducing NumPy's ``arange``: the
+    first value ``start``, the second ``start + step`` (Python arithmetic),
+    then ``first + i * (second - first)``, in int64 (wrapping) for integer
+    and bool dtypes, in float64 rounded at each operation (no fused
+    multiply-add, as NumPy's loop) for floating ones; the store casts."""
+    if d.kind == "f":
+        try:
+            first, second = float(start), float(start + step)
+        except OverflowError:
+            raise OverflowError(f"arange: {start} or {start} + {step} does not fit in float64") from None
+        expr = "((i == 0) ? s0 : ((i == 1) ? s2 : __dadd_rn(s0, __dmul_rn((double)i, s1))))"
+        return "f", expr, (first, second - first, second)
+    first, second = int(start), int(start + step)
+    for v in (first, second):
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise OverflowError(f"arange: the value {v} does not fit in int64")
+    delta = ((second - first - _INT64_MIN) % (1 << 64)) + _INT64_MIN    # int64's wrapping difference
+    expr = "((long long)((unsigned long long)s0 + (unsigned long long)i * (unsigned long long)s1))"
+    return "i", expr, (first, delta)
+
+
+def like_dtype_device(t, dtype, device, what=None):
+    """The dtype and device of a ``*_like`` result: ``t``'s unless given."""
+    if not isinstance(t, Tensor):
+        prefix = f"{what}: " if what else ""
+        raise TypeError(f"{prefix}expected a Tensor, got {type(t).__name__}")
+    return (t.dtype if dtype is None else dtype), (t.device if device is None else device)
+
+
+def empty_like(input, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape without initialising its elements.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = like_dtype_device(input, dtype, device)
+    return empty(input.shape, dtype=d, device=dev)
+
+
+def zeros_like(input, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape filled with zeros.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = like_dtype_device(input, dtype, device)
+    return zeros(input.shape, dtype=d, device=dev)
+
+
+def ones_like(input, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape filled with ones.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = like_dtype_device(input, dtype, device)
+    return ones(input.shape, dtype=d, device=dev)
+
+
+def full_like(input, fill_value, *, dtype=None, device=None):
+    """Make a tensor of ``input``'s shape filled with ``fill_value``.
+
+    Parameters
+    ----------
+    input : Tensor
+        The tensor whose shape, dtype and device the new one takes.
+    fill_value : bool, int or float
+        The value, cast to the dtype.
+    dtype : dtype, str or None, optional
+        Default ``input.dtype``.
+    device : device, str, int or None, optional
+        Default ``input.device``.
+
+    Returns
+    -------
+    Tensor
+        The new tensor.
+    """
+    d, dev = like_dtype_device(input, dtype, device)
+    return full(input.shape, fill_value, dtype=d, device=dev)
+
+
+def is_tensor(obj):
+    """Test whether ``obj`` is a :class:`Tensor`.
+
+    Parameters
+    ----------
+    obj : object
+        Anything.
+
+    Returns
+    -------
+    bool
+        ``isinstance(obj, tensorplay.Tensor)``.
+    """
+    return isinstance(obj, Tensor)
