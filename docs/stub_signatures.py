@@ -5,18 +5,20 @@ autodoc reads signatures off the objects, and there they are poor: Cython's
 embedded signatures name ``self`` and C types, the op functions are made at
 import time without annotations, and compiled properties carry no type. The
 stubs (a ``.pyi`` beside each compiled module, ``tensorplay/__init__.pyi``
-generated from the op tables, inline annotations in the pure-Python
-modules) are what type checkers see, and ``stubtest`` checks them against
-the runtime (tests/test_typing.py), so the reference shows them:
+and ``tensorplay/_tensor/tensor.pyi`` generated from the op tables, inline
+annotations in the pure-Python modules) are what type checkers see, and
+``stubtest`` checks them against the runtime (tests/api/test_typing.py), so
+the reference shows them:
 
 - functions, methods and constructors: the stub's parameters with their
   types and defaults, without ``self``, and the return type; overloads as
   several signatures;
 - attributes and properties: the stub's type after the name.
 
-An object is looked up by its documented name (``tensorplay.Tensor.sum`` in
-``tensorplay/__init__.pyi``), following ``from ... import`` and base classes
-through the stubs. Type names are qualified (``DTypeLike`` ->
+An object is looked up by its documented name (``tensorplay.Tensor.sum``:
+``tensorplay/__init__.pyi`` re-exports ``Tensor`` from
+``tensorplay/_tensor/tensor.pyi``), following ``from ... import`` and base
+classes through the stubs. Type names are qualified (``DTypeLike`` ->
 ``tensorplay.types.DTypeLike``) so that they link; with
 ``python_use_unqualified_type_names`` they display short. When
 ``stub_signatures_strict`` is on, a documented callable without a stub

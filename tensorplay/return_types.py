@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from tensorplay import Tensor
+    from tensorplay._tensor.tensor import Tensor
 
 __all__ = ["max", "min"]
 

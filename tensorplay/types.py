@@ -15,22 +15,17 @@ stream). Use them in your own annotations::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, Union
+from typing import Any, Literal, Protocol, TypeAlias, Union
 
 import numpy as np
 
 from tensorplay._device import device
 from tensorplay._dtypes import dtype
 from tensorplay._driver.stream import Stream
+from tensorplay._tensor.tensor import Tensor
 
-if TYPE_CHECKING:
-    from tensorplay import Tensor
-    from tensorplay._graph.graphs import CUDAGraph
-else:
-    from tensorplay._tensor.tensor import Tensor
-
-__all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "Number", "PoolLike",
-           "Size", "StreamLike", "SupportsCudaStream", "TensorOrNumber"]
+__all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "HasPoolId", "Number",
+           "PoolLike", "Size", "StreamLike", "SupportsCudaStream", "TensorOrNumber"]
 
 #: A Python scalar operand: ``bool``, ``int`` or ``float``.
 Number: TypeAlias = bool | int | float
@@ -86,7 +81,19 @@ CaptureErrorMode: TypeAlias = Literal["global", "thread_local", "relaxed"]
 #: :func:`tensorplay.addmm`): ``"relu"``, ``"gelu"`` (the tanh approximation) or None.
 Activation: TypeAlias = Literal["relu", "gelu"] | None
 
+
+class HasPoolId(Protocol):
+    """An object owning a capture's memory pool, with its id in a ``pool_id``
+    attribute, as a :class:`tensorplay.cuda.CUDAGraph` has."""
+
+    @property
+    def pool_id(self) -> int | None:
+        """The pool's id, or None before anything was captured."""
+        ...
+
+
 #: The memory pool a capture allocates from: None (a fresh private pool), an
 #: id from :func:`tensorplay.cuda.graph_pool_handle` or a graph's ``pool_id``,
-#: or a :class:`tensorplay.cuda.CUDAGraph` whose pool is shared.
-PoolLike: TypeAlias = Union["CUDAGraph", int, None]
+#: or a :class:`tensorplay.cuda.CUDAGraph` whose pool is shared (typed as
+#: :class:`HasPoolId`, so that this module need not import the graph layer).
+PoolLike: TypeAlias = Union[HasPoolId, int, None]

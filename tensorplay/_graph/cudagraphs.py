@@ -27,17 +27,13 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from tensorplay._driver.context import CudaError
 from tensorplay._tensor.args import byte_span
+from tensorplay._tensor.tensor import Tensor
 from tensorplay._graph.graphs import CUDAGraph, Outputs, capture_callable, graph_pool_handle
 from tensorplay.types import CaptureErrorMode, PoolLike
-
-if TYPE_CHECKING:
-    from tensorplay import Tensor
-else:
-    from tensorplay._tensor.tensor import Tensor
 
 __all__ = ["cudagraphify", "CUDAGraphified"]
 

@@ -31,7 +31,7 @@ from tensorplay._graph import dot as _dot
 from tensorplay._graph import structured as _structured
 
 if TYPE_CHECKING:
-    from tensorplay import Tensor
+    from tensorplay._tensor.tensor import Tensor
 
 Outputs = Union["Tensor", "tuple[Tensor, ...]", "list[Tensor]"]
 P = ParamSpec("P")

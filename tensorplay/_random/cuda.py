@@ -17,7 +17,7 @@ from tensorplay._random.generator import (DefaultGenerators, cuda_devices, cuda_
 from tensorplay._tensor.args import resolve_device
 
 if TYPE_CHECKING:
-    from tensorplay import Tensor
+    from tensorplay._tensor.tensor import Tensor
     from tensorplay.types import DeviceLike
 
 __all__ = ["default_generators", "get_rng_state", "initial_seed", "manual_seed", "manual_seed_all",

@@ -36,7 +36,7 @@ from tensorplay._tensor.tensor import Tensor as _Tensor, new_cpu
 from tensorplay._kernels.philox import DEFAULT_SEED
 
 if TYPE_CHECKING:
-    from tensorplay import Tensor          # the public class users' type checkers see
+    from tensorplay._tensor.tensor import Tensor     # the class with the methods tensor.pyi declares
     from tensorplay._memory.allocator import DeviceAllocation
     from tensorplay.types import DeviceLike
 

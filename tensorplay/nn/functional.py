@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tensorplay._ops.distributions import _dropout
+from tensorplay._ops.distributions import apply_dropout
 
 if TYPE_CHECKING:
-    from tensorplay import Generator, Tensor
+    from tensorplay._random.generator import Generator
+    from tensorplay._tensor.tensor import Tensor
 
 __all__ = ["dropout"]
 
