@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 from typing import Any, Sequence, final
 
-from tensorplay import Tensor
+from tensorplay._tensor.tensor import Tensor
 from tensorplay.types import StreamLike
 
 @final
