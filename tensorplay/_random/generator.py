@@ -32,11 +32,10 @@ from tensorplay._kernels import random_kernels as _rk
 from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtoh
 from tensorplay._driver.stream import current_stream, current_stream_handle_of
 from tensorplay._tensor.args import resolve_device
-from tensorplay._tensor.tensor import Tensor as _Tensor, new_cpu
+from tensorplay._tensor.tensor import Tensor, new_cpu
 from tensorplay._kernels.philox import DEFAULT_SEED
 
 if TYPE_CHECKING:
-    from tensorplay._tensor.tensor import Tensor     # the class with the methods tensor.pyi declares
     from tensorplay._memory.allocator import DeviceAllocation
     from tensorplay.types import DeviceLike
 
@@ -217,7 +216,7 @@ class Generator:
         Generator
             ``self``.
         """
-        if not isinstance(new_state, _Tensor):
+        if not isinstance(new_state, Tensor):
             raise TypeError(f"set_state expects a tensor from get_state(), got {type(new_state).__name__}")
         if new_state.dtype is not dt.uint8 or not new_state.is_cpu:
             raise TypeError(f"set_state expects a CPU uint8 tensor from get_state(), got a {new_state.dtype.name} "
