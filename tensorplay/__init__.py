@@ -15,6 +15,8 @@ from tensorplay._tensor.creation import (arange, empty, empty_like, from_numpy, 
                                          ones_like, tensor, zeros, zeros_like)
 from tensorplay._tensor.tensor import Tensor
 from tensorplay._tensor import transfer as _transfer
+from tensorplay._driver import context as _context
+from tensorplay._graph import registry as _registry
 
 from tensorplay._ops import methods as _methods_mod
 from tensorplay._ops.distributions import bernoulli, dropout, rand, rand_like, randint, randint_like, randn, randn_like
@@ -30,13 +32,15 @@ from tensorplay._ops import indexing as _indexing
 from tensorplay._ops.custom import ElementwiseKernel, RawKernel  # noqa: F401  (also in tensorplay.cuda)
 
 # What lower floors receive from above, given here, once everything is imported
-# (see tensorplay._tensor.transfer): the Tensor methods made from the op tables,
-# the check of device-side index errors run at every host read, and the
-# converter of foreign arrays (CUDA Array Interface, DLPack) that copy_ accepts.
+# (docs/design.md): the Tensor methods made from the op tables, the check of
+# device-side index errors run at every host read, the converter of foreign
+# arrays (CUDA Array Interface, DLPack) that copy_ accepts, and the sentence on
+# the open graph captures that the driver's errors carry.
 _methods_mod.install(Tensor)
 globals().update(_methods_mod.FUNCTIONS)
 _transfer.register_device_error_check(_indexing.check_device_errors)
 _transfer.register_foreign_converter(as_tensor)
+_context.set_open_capture_describer(_registry.describe_open_captures)
 
 # PyTorch's dtype aliases. tensorplay.bool, .int and .float are attributes, as
 # torch.bool, but not in __all__: ``from tensorplay import *`` must leave the
