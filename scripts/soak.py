@@ -31,7 +31,7 @@ import time
 import traceback
 
 import tensorplay as tp
-from tensorplay._memory.allocator import segment_bytes
+from tensorplay._memory.pool import segment_bytes
 from tensorplay.cuda import CUDAGraph
 
 MiB = 1 << 20

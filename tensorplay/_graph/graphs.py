@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overload
 
-from tensorplay._memory.allocator import graph_pool_handle
+from tensorplay._memory.api import graph_pool_handle
 from tensorplay._driver.context import CudaError, current_device, driver_version
 from tensorplay._graph.capture import CUDAGraphBase
 from tensorplay._graph.conditionals import IF_NODE, MAX_SWITCH_CASES, SWITCH_NODE, WHILE_NODE

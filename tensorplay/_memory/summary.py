@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorplay._driver.context import is_available, live_counts
 from tensorplay._driver.stream import cached_stream_count
-from tensorplay._memory.allocator import memory_snapshot, memory_stats
+from tensorplay._memory.api import memory_snapshot, memory_stats
 from tensorplay._memory.units import format_bytes
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, overload
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._memory.allocator import _allocate, _note_capture_use
+from tensorplay._memory.allocator import allocate, note_capture_use
 from tensorplay._driver.context import device_count, is_available, is_device_supported
 from tensorplay._device import device as _device_cls
 from tensorplay._kernels import random_kernels as _rk
@@ -257,7 +257,7 @@ def cuda_state_ptr(gen: Generator) -> int:
     the current stream: a capture keeps the state alive; a user generator's
     state, used on another stream, is not reused before that stream's work."""
     state = gen._device_state()
-    _note_capture_use(state)
+    note_capture_use(state)
     if not gen._default:
         stream = current_stream_handle_of(gen._device_index)
         if not host_reads_blocked(gen._device_index, stream):
@@ -277,7 +277,7 @@ def _new_device_state(dev: int, seed: int, default: bool) -> DeviceAllocation:
                 f"(or touch tensorplay.cuda.default_generators[{dev}] first)")
         raise RuntimeError("tensorplay.Generator: make CUDA generators outside CUDA graph captures (their "
                            "state is allocated from the device's ordinary pool, not the graph's)")
-    state = _allocate(_rk.STATE_BYTES, dev, stream)
+    state = allocate(_rk.STATE_BYTES, dev, stream)
     _rk.launch_set_state(dev, state.ptr, seed, 0, stream)
     # the first use may come on any stream: the state must be written by then
     current_stream(dev).synchronize()

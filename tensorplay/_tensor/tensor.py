@@ -15,7 +15,7 @@ import operator
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._memory.allocator import _allocate
+from tensorplay._memory.allocator import allocate
 from tensorplay._driver.context import device_index as cuda_device_index
 from tensorplay._device import device as _device_cls
 from tensorplay._tensor.dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
@@ -53,7 +53,7 @@ def empty_cuda(shape, dtype, device):
     n = 1
     for s in shape:
         n *= s
-    storage = _allocate(n * dtype.itemsize, device, current_stream_handle_of(device))
+    storage = allocate(n * dtype.itemsize, device, current_stream_handle_of(device))
     return new_cuda(storage, storage.ptr, shape, contiguous_strides(shape), dtype, device)
 
 
@@ -471,4 +471,3 @@ class Tensor(TensorBase):
         if self.is_cpu:
             return (DLPACK_DEVICE_CPU, 0)
         return (DLPACK_DEVICE_CUDA, self._device_index)
-

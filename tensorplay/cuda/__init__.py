@@ -15,9 +15,9 @@ from tensorplay._driver.context import (CudaError, CudaUnavailableError, OutOfMe
 from tensorplay._driver.devices import device
 from tensorplay._driver.stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
                                        stream)
-from tensorplay._memory.allocator import (empty_cache, graph_pool_handle, max_memory_allocated,
-                                          max_memory_reserved, memory_allocated, memory_reserved, memory_snapshot,
-                                          memory_stats, reset_peak_memory_stats)
+from tensorplay._memory.api import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
+                                    memory_allocated, memory_reserved, memory_snapshot, memory_stats,
+                                    reset_peak_memory_stats)
 from tensorplay._memory.summary import live_driver_objects, memory_summary
 from tensorplay._tensor.transfer import synchronize
 from tensorplay._kernels.cublaslt import CublasError

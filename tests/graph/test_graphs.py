@@ -324,7 +324,7 @@ def test_side_stream_work_and_allocations_land_in_the_pool():
         b = x + 4
         main.wait_stream(side)
         c = a + b
-    from tensorplay._memory.allocator import allocator
+    from tensorplay._memory.api import allocator
     assert a._storage.pool_id == g.pool_id == c._storage.pool_id
     x.fill_(2)
     g.replay()

@@ -2,14 +2,17 @@
 """The caching allocator's block policy, driven by a fake backend (no GPU).
 
 The allocator under test is the one the GPU uses (tensorplay._memory.allocator
-DeviceAllocator); only its Backend differs: FakeBackend hands out address
-ranges and events that the test completes. Stream handles are plain ints.
+DeviceAllocator); only its Backend differs: FakeBackend (tensorplay._memory.testing)
+hands out address ranges and events that the test completes. Stream handles
+are plain ints.
 """
 import random
 
 import pytest
 
-from tensorplay._memory.allocator import DeviceAllocator, FakeBackend, _note_capture_use, segment_bytes
+from tensorplay._memory.allocator import DeviceAllocator, note_capture_use
+from tensorplay._memory.pool import segment_bytes
+from tensorplay._memory.testing import FakeBackend
 from tensorplay.cuda import OutOfMemoryError
 
 KiB = 1 << 10
@@ -266,7 +269,7 @@ def test_a_block_used_on_another_stream_in_a_capture_waits_for_capture_end():
     with Capture(a, fb, pool=3, cid=300, stream=S0) as cap:
         b = a.allocate(4 * MiB, S0)
         p = b.ptr
-        _note_capture_use(b)                 # the current stream (0) is not S0: a cross-stream use
+        note_capture_use(b)                  # the current stream (0) is not S0: a cross-stream use
         del b
         c = a.allocate(4 * MiB, S0)
         assert c.ptr != p
@@ -286,7 +289,7 @@ def test_a_block_used_on_its_own_stream_returns_at_once():
     with Capture(a, fb, pool=3, cid=301, stream=0):      # current stream 0 captures
         b = a.allocate(4 * MiB, 0)
         p = b.ptr
-        _note_capture_use(b)
+        note_capture_use(b)
         del b
         c = a.allocate(4 * MiB, 0)
         assert c.ptr == p
@@ -301,7 +304,7 @@ def test_a_capture_keeps_only_storages_from_outside_its_pool():
     with Capture(a, fb, pool=8, cid=400, stream=0) as cap:
         inside = a.allocate(4 * MiB, 0)
         for t in (outside, inside, other_pool):
-            _note_capture_use(t)
+            note_capture_use(t)
     assert set(map(id, cap.kept.values())) == {id(outside), id(other_pool)}
     del inside
 

@@ -77,7 +77,7 @@ def test_out_of_memory_is_clear_and_recoverable(memory_baseline):
 
 
 def test_private_pools_hold_memory_until_released():
-    from tensorplay._memory.allocator import allocator
+    from tensorplay._memory.api import allocator
     a = allocator(0)
     pid = tp.cuda.graph_pool_handle()
     assert pid != tp.cuda.graph_pool_handle()

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from tensorplay._memory.allocator import segment_bytes
+from tensorplay._memory.pool import segment_bytes
 from tensorplay.cuda import CUDAGraph
 from helpers import spin, warm
 

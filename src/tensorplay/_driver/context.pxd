@@ -15,6 +15,10 @@ cdef enum LiveKind:
 
 cdef void count_live(LiveKind kind, int delta) noexcept nogil
 
+# Graph captures open in the process, all devices (the allocator counts them)
+cdef int open_capture_count() noexcept nogil
+cdef void count_open_capture(int delta) noexcept nogil
+
 cdef int raise_cuda_error(cydriver.CUresult result) except -1 nogil
 
 cdef inline int check(cydriver.CUresult result) except -1 nogil:

@@ -225,6 +225,26 @@ def live_counts():
     return {name: g_live[i] for i, name in enumerate(_LIVE_NAMES)}
 
 
+# ---------------------------------------------------------------- open captures
+
+# Graph captures open in the process (all devices; the allocator opens and
+# closes them). While any is, no event is queried or recorded and no memory
+# is freed, and device memory is not read back to the host: each would break
+# a global-mode capture. Kept down here so that every floor can ask.
+cdef int g_open_captures = 0
+
+
+cdef int open_capture_count() noexcept nogil:
+    """The number of graph captures open in the process."""
+    return g_open_captures
+
+
+cdef void count_open_capture(int delta) noexcept nogil:
+    """Note a capture opened (+1) or ended (-1). Callers hold the GIL."""
+    global g_open_captures
+    g_open_captures += delta
+
+
 # ---------------------------------------------------------------- driver state
 
 cdef bint g_init_done = False

@@ -8,9 +8,8 @@ Addresses are ints; the caller keeps the host buffers alive for the call.
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
-from tensorplay._driver.context cimport check, ensure_context, primary_context
+from tensorplay._driver.context cimport check, ensure_context, open_capture_count, primary_context
 from tensorplay._driver.context import make_error
-from tensorplay._memory.allocator cimport open_capture_count
 
 
 cdef int _refuse_in_capture(int device, uintptr_t stream, str reason) except -1:
@@ -63,7 +62,7 @@ def host_reads_blocked(int device, uintptr_t stream):
     CUDA graph capture.
 
     True while a tensorplay capture is open on any device or thread (the
-    allocator's count: no driver call), or while ``stream`` of ``device`` is
+    process-wide count: no driver call), or while ``stream`` of ``device`` is
     capturing for another library (cuStreamIsCapturing; the legacy stream
     answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while another stream captures).
     """

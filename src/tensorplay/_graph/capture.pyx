@@ -22,7 +22,7 @@ import os
 import threading
 import warnings
 
-from tensorplay._memory.allocator import allocator as _allocator
+from tensorplay._memory.api import allocator as _allocator
 from tensorplay._driver.stream import current_stream, set_stream
 
 # Checking that no capture forbids this one and beginning it are one step, so

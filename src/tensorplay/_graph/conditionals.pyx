@@ -21,7 +21,7 @@ from tensorplay._tensor.base cimport TensorBase
 
 import threading
 
-from tensorplay._memory.allocator import allocator as _allocator
+from tensorplay._memory.api import allocator as _allocator
 from tensorplay._driver.stream import set_stream
 
 KIND_NAMES = ("if", "while", "switch")     # by kind; messages write them in capitals

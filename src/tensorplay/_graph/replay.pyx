@@ -20,7 +20,7 @@ from tensorplay._graph.stager cimport Stager, check_stage_arguments, make_stager
 
 import os
 
-from tensorplay._memory.allocator import allocator as _allocator
+from tensorplay._memory.api import allocator as _allocator
 
 cdef uintptr_t NO_STREAM = <uintptr_t>-1     # no replay yet (0 is the legacy default stream)
 

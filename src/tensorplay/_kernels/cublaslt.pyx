@@ -21,10 +21,9 @@ from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 from posix.dlfcn cimport dlsym
 
-from tensorplay._memory.allocator cimport open_capture_count
-from tensorplay._driver.context cimport check, ensure_context
+from tensorplay._driver.context cimport check, ensure_context, open_capture_count
 
-from tensorplay._memory.allocator import allocator as _allocator_of
+from tensorplay._memory.api import allocator as _allocator_of
 
 ctypedef int cublasStatus_t
 ctypedef void* cublasLtHandle_t

@@ -9,8 +9,9 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uintptr_t
 from libcpp.vector cimport vector
 
+from tensorplay._driver.context cimport open_capture_count
 from tensorplay._driver.stream cimport current_stream_handle
-from tensorplay._memory.allocator cimport note_capture_use, open_capture_count
+from tensorplay._memory.allocator cimport c_note_capture_use
 
 # the dimension limit, for the Python layer (defined once: the enum in _tensor_base.pxd)
 MAX_DIMS = MAX_NDIM
@@ -166,7 +167,7 @@ cdef class TensorBase:
         capturing graph keeps memory from outside its pool alive (the one
         place the keep-alive happens, so no op has to remember it)."""
         if open_capture_count() and self._storage is not None:
-            note_capture_use(self._storage)
+            c_note_capture_use(self._storage)
         return 0
 
     def data_ptr(self):

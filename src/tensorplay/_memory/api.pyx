@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The public memory functions (``tensorplay.cuda.empty_cache``,
+``memory_stats``, ``memory_allocated``, ``graph_pool_handle``, ...) over the
+caching allocator of each device, and ``allocator(device)``, the
+DeviceAllocator itself for the graph layer, the matrix products and tests.
+"""
+
+from tensorplay._driver.context cimport open_capture_count
+from tensorplay._memory.allocator cimport DeviceAllocator, device_allocators, get_allocator
+from tensorplay._memory.pool cimport ALL
+
+from tensorplay._driver.context import device_index as _device_index
+
+import itertools
+
+cdef object _pool_ids = itertools.count(1)
+
+
+def graph_pool_handle():
+    """Return a new memory pool id, for graphs that share one pool.
+
+    Pass it as ``pool=`` to :meth:`CUDAGraph.capture_begin` or
+    :class:`graph`; graphs sharing a pool must replay in capture order.
+    """
+    return next(_pool_ids)
+
+
+def allocator(device=None):
+    """The DeviceAllocator of ``device`` (default: current)."""
+    return get_allocator(_device_index(device))
+
+
+def empty_cache(device=None):
+    """Release every cached, unused segment back to the device (cuMemFree).
+
+    Memory of a private pool still held by a graph, and memory under live
+    tensors, is kept. Not allowed while a graph capture is under way.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        The device; default every device the allocator has used.
+    """
+    if open_capture_count() > 0:
+        raise RuntimeError("empty_cache() cannot run while a CUDA graph capture is under way")
+    if device is None:
+        for each in device_allocators():
+            (<DeviceAllocator>each).release_cached()
+        return
+    get_allocator(_device_index(device)).release_cached()
+
+
+def memory_stats(device=None):
+    """Return the caching allocator's counters for ``device`` as a dict.
+
+    The keys are PyTorch's (``allocated_bytes.all.current``,
+    ``segment.large_pool.peak``, ``num_alloc_retries``, ...), plus
+    ``pool.<id>.reserved_bytes`` and the like per graph pool.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
+    return get_allocator(_device_index(device)).stats()
+
+
+def memory_snapshot(device=None):
+    """Return every segment of ``device``'s allocator with its blocks, as ``torch.cuda.memory_snapshot``.
+
+    Each segment is a dict (its address, ``total_size``, ``segment_pool_id``
+    and its ``blocks``, each with ``size`` and ``state``).
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
+    return get_allocator(_device_index(device)).snapshot()
+
+
+def memory_allocated(device=None):
+    """Return the bytes held by live tensors on ``device`` (rounded to the allocator's granularity).
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
+    return get_allocator(_device_index(device)).allocated
+
+
+def max_memory_allocated(device=None):
+    """Return the peak of :func:`memory_allocated` since the start or :func:`reset_peak_memory_stats`.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
+    return get_allocator(_device_index(device)).st_allocated_bytes[ALL].peak
+
+
+def memory_reserved(device=None):
+    """Return the bytes the caching allocator holds from ``device`` (its cuMemAlloc'd segments).
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
+    return get_allocator(_device_index(device)).reserved
+
+
+def max_memory_reserved(device=None):
+    """Return the peak of :func:`memory_reserved` since the start or :func:`reset_peak_memory_stats`.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
+    return get_allocator(_device_index(device)).st_reserved_bytes[ALL].peak
+
+
+def reset_peak_memory_stats(device=None):
+    """Set every peak counter of ``device``'s allocator to its current value.
+
+    Parameters
+    ----------
+    device : device, str, int or None, optional
+        Default the current device.
+    """
+    get_allocator(_device_index(device)).reset_peak_stats()
