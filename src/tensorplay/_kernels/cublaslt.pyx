@@ -187,10 +187,6 @@ def bind(uintptr_t library_handle):
     return lt_version()
 
 
-def is_bound():
-    return g_loaded
-
-
 cdef int _raise_status(cublasStatus_t status, const char* call) except -1 nogil:
     with gil:
         raise CublasError(status, call.decode())

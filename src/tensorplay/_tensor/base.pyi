@@ -4,7 +4,6 @@ from typing import Any
 CAI_TYPESTR: tuple[str | None, ...]
 MAX_DIMS: int
 
-def itemsize_of(code: int) -> int: ...
 
 class ForeignStorage:
     def __new__(cls, owner: Any, ptr: int, size: int, device: int) -> ForeignStorage: ...

@@ -22,10 +22,6 @@ ITEMSIZE[:] = [1, 1, 1, 2, 4, 8, 2, 2, 4, 8]
 CAI_TYPESTR = ("|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<f2", None, "<f4", "<f8")
 
 
-def itemsize_of(int code):
-    return ITEMSIZE[code]
-
-
 cdef class ForeignStorage:
     """Device memory owned by another object (a DLPack producer, a CUDA Array
     Interface exporter); keeps that owner alive."""
