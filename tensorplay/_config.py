@@ -66,8 +66,8 @@ def config() -> dict[str, Any]:
         info["nvrtc"] = ".".join(map(str, _nvrtc.nvrtc_version()))
     except Exception as exc:
         info["nvrtc"] = f"unavailable ({exc})"
-    raw = _cuda._raw_driver_version()
-    info["driver"] = _cuda._format_cuda_version(raw) if raw else None
+    raw = _cuda.raw_driver_version()
+    info["driver"] = _cuda.format_cuda_version(raw) if raw else None
     info["driver_module"] = _kernel_module_version()
     gpus = []
     if cuda.is_available():
@@ -110,7 +110,7 @@ def show_config(file: IO[str] | None = None) -> None:
         if info["driver_module"]:
             driver += f" (kernel module {info['driver_module']})"
     if driver is None:
-        driver = "not loaded (TENSORPLAY_DISABLE_CUDA)" if _cuda._disabled_by_env(
+        driver = "not loaded (TENSORPLAY_DISABLE_CUDA)" if _cuda.disabled_by_env(
             info["env"]["TENSORPLAY_DISABLE_CUDA"]) else "not found"
     rows.append(("driver", driver))
     if info["cuda"] is None:

@@ -86,7 +86,7 @@ def test_work_on_an_unsupported_device_names_it():
                                        ("no", False), ("OFF", False), ("1", True), ("yes", True),
                                        ("true", True)])
 def test_disable_variable_values(value, off):
-    assert _cuda._disabled_by_env(value) is off
+    assert _cuda.disabled_by_env(value) is off
 
 
 def test_disable_variable_set_to_zero_leaves_cuda_alone():

@@ -73,7 +73,7 @@ MIN_DRIVER_BRANCH = 580
 MIN_COMPUTE_CAPABILITY = (7, 5)
 
 
-def _format_cuda_version(int version):
+def format_cuda_version(int version):
     """13000 -> '13.0', as cuDriverGetVersion encodes it."""
     return f"{version // 1000}.{(version % 1000) // 10}"
 
@@ -85,8 +85,8 @@ def _driver_version_problem(int version):
         return None
     if version <= 0:
         return "the NVIDIA driver did not report its CUDA version (cuDriverGetVersion)"
-    return (f"the NVIDIA driver supports CUDA {_format_cuda_version(version)}, but tensorplay "
-            f"needs a driver for CUDA {_format_cuda_version(MIN_DRIVER_VERSION)} or newer "
+    return (f"the NVIDIA driver supports CUDA {format_cuda_version(version)}, but tensorplay "
+            f"needs a driver for CUDA {format_cuda_version(MIN_DRIVER_VERSION)} or newer "
             f"(driver R{MIN_DRIVER_BRANCH} or newer)")
 
 
@@ -127,7 +127,7 @@ def _driver_load_problem(exc):
     return f"the NVIDIA driver library libcuda.so.1 could not be used ({type(exc).__name__}: {exc})"
 
 
-def _disabled_by_env(value):
+def disabled_by_env(value):
     """True when TENSORPLAY_DISABLE_CUDA's ``value`` turns CUDA off: set and
     not empty, '0', 'false', 'no' or 'off'."""
     return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
@@ -280,7 +280,7 @@ cdef int _init_driver() except -1:
     with g_lock:
         if g_init_done:
             return 0
-        if _disabled_by_env(os.environ.get("TENSORPLAY_DISABLE_CUDA")):
+        if disabled_by_env(os.environ.get("TENSORPLAY_DISABLE_CUDA")):
             g_init_error = "the environment variable TENSORPLAY_DISABLE_CUDA turns CUDA off"
         else:
             try:
@@ -375,7 +375,7 @@ def is_device_supported(device=None):
     return bool(g_supported[d])
 
 
-def _raw_driver_version():
+def raw_driver_version():
     """cuDriverGetVersion as the driver reported it (e.g. 13000), or None when
     no driver was loaded; also when CUDA is otherwise unusable (show_config)."""
     _init_driver()
