@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 
 class device:
@@ -101,3 +101,8 @@ def as_device(spec: Any) -> device:
     if isinstance(typ, str):   # torch.device and the like
         return device(typ, idx)
     raise TypeError(f"expected a device ('cpu', 'cuda', 'cuda:N', int), got {builtins_type(spec).__name__}")
+
+
+#: What a device parameter accepts: published as ``tensorplay.types.DeviceLike``,
+#: defined here, on the lowest floor, for the driver and memory floors' annotations.
+DeviceLike: TypeAlias = device | str | int | None

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, TypeAlias, Union
 
 import numpy as np
 
-from tensorplay._device import device
+from tensorplay._device import DeviceLike as _DeviceLike
 from tensorplay._dtypes import dtype
 from tensorplay._driver.stream import Stream
 from tensorplay._tensor.tensor import Tensor
@@ -35,7 +35,7 @@ TensorOrNumber: TypeAlias = Union[Tensor, bool, int, float]
 
 #: A device: a :class:`tensorplay.device`, a string (``"cpu"``, ``"cuda"``,
 #: ``"cuda:1"``), a CUDA device index, or None (the default device).
-DeviceLike: TypeAlias = device | str | int | None
+DeviceLike: TypeAlias = _DeviceLike
 
 #: A dtype: a :class:`tensorplay.dtype`, its name (``"float16"``), a NumPy
 #: dtype, a Python type (``bool``, ``int``, ``float``), or None (the default).

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from tensorplay._driver.context import current_device, device_index, set_device
 
 if TYPE_CHECKING:
-    from tensorplay.types import DeviceLike
+    from tensorplay._device import DeviceLike
 
 
 class device:

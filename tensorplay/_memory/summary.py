@@ -11,7 +11,7 @@ from tensorplay._memory.api import memory_snapshot, memory_stats
 from tensorplay._memory.units import format_bytes
 
 if TYPE_CHECKING:
-    from tensorplay.types import DeviceLike
+    from tensorplay._device import DeviceLike
 
 _ROWS = (
     ("Allocated memory", "allocated_bytes", True),
