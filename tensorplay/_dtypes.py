@@ -91,8 +91,8 @@ float32 = dtype("float32", 8, 4, "f", "float", np.dtype(np.float32))
 float64 = dtype("float64", 9, 8, "f", "double", np.dtype(np.float64))
 
 ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
-_BY_NAME = {d.name: d for d in ALL_DTYPES}
-_BY_NAME.update({"half": float16, "float": float32, "double": float64, "long": int64,
+BY_NAME = {d.name: d for d in ALL_DTYPES}
+BY_NAME.update({"half": float16, "float": float32, "double": float64, "long": int64,
                  "int": int32, "short": int16, "bool_": bool_})
 _BY_NP = {d._np: d for d in ALL_DTYPES if d._np is not None}
 
@@ -101,7 +101,7 @@ default_int = int64
 
 
 def _by_name(name):
-    return _BY_NAME[name]
+    return BY_NAME[name]
 
 
 def from_code(code):
@@ -133,7 +133,7 @@ def as_dtype(spec):
     if spec is float:
         return float64
     if isinstance(spec, str):
-        d = _BY_NAME.get(spec)
+        d = BY_NAME.get(spec)
         if d is not None:
             return d
         raise TypeError(f"unknown dtype {spec!r}; expected one of {', '.join(x.name for x in ALL_DTYPES)}")
@@ -141,8 +141,8 @@ def as_dtype(spec):
     mod = type(spec).__module__
     if mod.startswith("torch") and isinstance(str(spec), str):
         key = str(spec).replace("torch.", "")
-        if key in _BY_NAME:
-            return _BY_NAME[key]
+        if key in BY_NAME:
+            return BY_NAME[key]
     try:
         return from_numpy_dtype(spec)
     except TypeError:

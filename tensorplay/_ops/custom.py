@@ -233,7 +233,7 @@ def _parse_params(text, what):
 
 
 def _is_placeholder(typ):
-    return typ not in dt._BY_NAME
+    return typ not in dt.BY_NAME
 
 
 class ElementwiseKernel:

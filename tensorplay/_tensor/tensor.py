@@ -360,7 +360,7 @@ class Tensor(TensorBase):
         for a in args:
             if isinstance(a, Tensor):
                 device, dtype = a.device, a.dtype
-            elif isinstance(a, dt.dtype) or (isinstance(a, str) and a in dt._BY_NAME) or \
+            elif isinstance(a, dt.dtype) or (isinstance(a, str) and a in dt.BY_NAME) or \
                     isinstance(a, (np.dtype, type)):
                 dtype = a
             else:
