@@ -12,8 +12,6 @@ from tensorplay._graph.streams cimport mode_name
 import sys
 import threading
 
-from tensorplay._driver.context import set_open_capture_describer
-
 
 @cython.final
 cdef class OpenCapture:
@@ -33,11 +31,9 @@ cdef dict _open_captures = {}        # id(graph) -> OpenCapture
 
 
 def describe_open_captures():
-    """Return one sentence per open capture, or '' when none is open (CudaError messages carry it)."""
+    """Return one sentence per open capture, or '' when none is open (CudaError messages carry it;
+    tensorplay/__init__.py gives the driver floor this function)."""
     return " ".join(c.sentence() for c in list(_open_captures.values()))
-
-
-set_open_capture_describer(describe_open_captures)
 
 
 def open_captures():
