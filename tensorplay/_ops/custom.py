@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._driver.stream import _as_stream, current_stream_handle_of
+from tensorplay._driver.stream import stream_of, current_stream_handle_of
 from tensorplay._tensor.args import broadcast_shape, broadcast_strides, resolve_device
 from tensorplay._tensor.creation import empty
 from tensorplay._tensor.tensor import Tensor, as_source
@@ -190,7 +190,7 @@ class RawKernel:
             raise ValueError(f"{self.name}: tensors on several devices {sorted(devices)}")
         device = devices.pop() if devices else current_device()
         if stream is not None:
-            s = _as_stream(stream)
+            s = stream_of(stream)
             if s.device_index != device:
                 raise ValueError(f"{self.name}: stream is on cuda:{s.device_index}, arguments on cuda:{device}")
             handle = s.handle

@@ -274,8 +274,8 @@ cdef Stream as_stream(object obj, int device=-1):
         f"expected a tensorplay.cuda.Stream or an object with __cuda_stream__, got {type(obj).__name__}")
 
 
-def _as_stream(obj, device=-1):
-    """Python access to the stream coercion (used by the pure-Python layers)."""
+def stream_of(obj, device=-1):
+    """Return ``obj`` as a Stream: a Stream, an object with ``__cuda_stream__``, or None (the current one)."""
     return as_stream(obj, device)
 
 
