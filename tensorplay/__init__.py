@@ -3,6 +3,19 @@
 
 from __future__ import annotations
 
+import importlib.util as _importlib_util
+import os as _os
+
+# A clone's source folder tensorplay/ holds only the pure-Python half: found
+# first on sys.path (Python started in the clone's root), it would fail below
+# with a bare ModuleNotFoundError. Say what is wrong instead.
+if _importlib_util.find_spec("tensorplay._driver.context") is None:
+    raise ImportError(
+        f"tensorplay's compiled modules are not here: {_os.path.dirname(__file__)} looks like the source "
+        f"folder of a clone, found before the installed tensorplay because Python runs in the clone's root "
+        f"(or a script there). Run from another folder or with `python -P`; install tensorplay first if it "
+        f"is not installed (`pip install .` in the clone). See docs/troubleshooting.md.")
+
 from tensorplay import cuda
 from tensorplay._device import device
 from tensorplay._dtypes import (ALL_DTYPES, bfloat16, bool_, dtype, float16, float32, float64, int8, int16,
