@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from tensorplay._driver.context import CudaError
+from tensorplay._driver.context import CudaError, require_cuda
 from tensorplay._tensor.args import byte_span
 from tensorplay._tensor.tensor import Tensor
 from tensorplay._graph.graphs import CUDAGraph, Outputs, capture_callable, graph_pool_handle
@@ -79,7 +79,9 @@ class CUDAGraphified(Generic[P, R]):
     one, without trying again. An exception in a warm-up run (before the
     capture) is ``fn``'s own and propagates, as do errors other than
     ``RuntimeError``. :meth:`stats` counts captures, replays (and of
-    those, rebinds), evictions and eager fallbacks.
+    those, rebinds), evictions and eager fallbacks. Wrapping needs no GPU;
+    without CUDA a call raises
+    :class:`~tensorplay.cuda.CudaUnavailableError`, which says why.
 
     Parameters
     ----------
@@ -140,7 +142,9 @@ class CUDAGraphified(Generic[P, R]):
         for a in flat:
             if isinstance(a, Tensor):
                 if not a.is_cuda:
-                    raise TypeError("cudagraphify: tensor arguments must be CUDA tensors")
+                    what = "cudagraphify: tensor arguments must be CUDA tensors"
+                    require_cuda(what)        # on a machine without CUDA, that is the news
+                    raise TypeError(what)
                 key.append(("T", a.shape, a.dtype.code, a._device_index, a.strides))
             else:
                 try:

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overload
 
 from tensorplay._memory.api import graph_pool_handle
-from tensorplay._driver.context import CudaError, current_device, driver_version
+from tensorplay._driver.context import CudaError, current_device, driver_version, is_available, require_cuda
 from tensorplay._graph.capture import CUDAGraphBase
 from tensorplay._graph.conditionals import IF_NODE, MAX_SWITCH_CASES, SWITCH_NODE, WHILE_NODE
 from tensorplay._driver.launch import Function
@@ -219,7 +219,7 @@ class CUDAGraph(CUDAGraphBase):
 
             "rebindable": {"inputs": [bool, ...], "outputs": [bool, ...]}
         """
-        description = self._describe(getattr(self, "_debug_mode", False))
+        description = self._describe(getattr(self, "_debug_mode", False), "describe")
         if static_inputs is not None:
             flags = self.rebindable(static_inputs, static_outputs)
             n_in = len(static_inputs)
@@ -248,7 +248,7 @@ class CUDAGraph(CUDAGraphBase):
         import shutil
         import subprocess
         path = os.fspath(path)
-        desc = self.describe()
+        desc = self._describe(getattr(self, "_debug_mode", False), "debug_dump")
         dot = _dot.to_dot(desc, detailed=getattr(self, "_debug_mode", False),
                           title=f"CUDA graph on cuda:{self.device_index} ({self.num_nodes} nodes)")
         root, ext = os.path.splitext(path)
@@ -458,14 +458,19 @@ class CUDAGraph(CUDAGraphBase):
 
     def __repr__(self):
         state = "capturing" if self.is_capturing else ("ready" if self.is_instantiated else "empty")
-        return f"<CUDAGraph {state} device={self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
+        if self.device_index < 0:           # never captured: no device yet
+            return f"<CUDAGraph {state}>"
+        return f"<CUDAGraph {state} device=cuda:{self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
 
 
 def is_current_stream_capturing() -> bool:
     """Return True while the current stream of the current device is capturing.
 
-    Wraps cuStreamIsCapturing on this thread's current stream.
+    Wraps cuStreamIsCapturing on this thread's current stream. Without CUDA
+    nothing can capture: False, as PyTorch's.
     """
+    if not is_available():
+        return False
     dev = current_device()
     return is_stream_capturing(current_stream(dev).handle, dev)
 
@@ -620,6 +625,9 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
         For a pool id that is not positive, or a ``CUDAGraph`` with no pool.
     RuntimeError
         If a callable cannot be captured (a host read such as ``item()``).
+    CudaUnavailableError
+        Without CUDA (a :class:`RuntimeError` that says why CUDA is not
+        available), also for sample arguments that are CPU tensors.
     """
     if callable(callables):
         fns: Sequence[Callable[..., Any]] = (callables,)
@@ -629,14 +637,17 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
         fns, arg_tuples, single = callables, sample_args, False
     if len(fns) != len(arg_tuples):
         raise ValueError("make_graphed_callables: one tuple of sample args per callable")
+    arg_lists = [tuple(args) for args in arg_tuples]
+    for fn, args in zip(fns, arg_lists):          # every argument checked before any capture
+        if not callable(fn):
+            raise TypeError(f"make_graphed_callables: {fn!r} is not callable")
+        if not all(isinstance(a, _Tensor) and a.is_cuda for a in args):
+            what = "make_graphed_callables: sample args must be CUDA tensors"
+            require_cuda(what)                # on a machine without CUDA, that is the news
+            raise TypeError(what)
     pool_id = _pool_id_of(pool)
     graphed = []
-    for fn, args in zip(fns, arg_tuples):
-        if not callable(fn):
-            raise TypeError(f"{fn!r} is not callable")
-        args = tuple(args)
-        if not all(isinstance(a, _Tensor) and a.is_cuda for a in args):
-            raise TypeError("make_graphed_callables: sample args must be CUDA tensors")
+    for fn, args in zip(fns, arg_lists):
         static = [a.clone() for a in args]
         g, out = capture_callable(fn, static, warmup=num_warmup_iters, pool=pool_id,
                                   where=getattr(fn, "__name__", "callable"))

@@ -29,7 +29,9 @@ def memory_summary(device: DeviceLike = None) -> str:
 
     Current, peak, total allocated and total freed of each counter (from
     large and small segments), the memory in free pieces of split segments
-    (fragmentation), and each pool's segments.
+    (fragmentation), and each pool's segments. Without CUDA, the table of
+    an allocator that never allocated (every count 0), as
+    :func:`memory_stats` is then empty.
 
     Parameters
     ----------
@@ -40,18 +42,21 @@ def memory_summary(device: DeviceLike = None) -> str:
 
 
 def format_summary(st: dict[str, int], snapshot: list[dict[str, Any]]) -> str:
-    """The table of :func:`memory_summary` from a stats dict and a snapshot."""
+    """The table of :func:`memory_summary` from a stats dict and a snapshot
+    (a counter missing from ``st``, all of them without CUDA, reads 0)."""
+    def get(key: str) -> int:
+        return st.get(key, 0)
     lines = [f"{'Metric':<34}{'Cur Usage':>14}{'Peak Usage':>14}{'Tot Alloc':>14}{'Tot Freed':>14}"]
     for title, key, is_bytes in _ROWS:
         fmt = format_bytes if is_bytes else str
         for pool, label in (("all", title), ("large_pool", "  from large pool"), ("small_pool", "  from small pool")):
-            vals = [st[f"{key}.{pool}.{f}"] for f in ("current", "peak", "allocated", "freed")]
+            vals = [get(f"{key}.{pool}.{f}") for f in ("current", "peak", "allocated", "freed")]
             lines.append(f"{label:<34}" + "".join(f"{fmt(v):>14}" for v in vals))
-    lines.append(f"{'Non-releasable memory (split free)':<34}{format_bytes(st['inactive_split_bytes.all.current']):>14}")
-    lines.append(f"{'Non-releasable allocs (split free)':<34}{st['inactive_split.all.current']:>14}")
-    lines.append(f"{'Pending record_stream frees':<34}{st['pending_events']:>14}")
-    lines.append(f"device alloc/free calls: {st['num_device_alloc']}/{st['num_device_free']}, "
-                 f"OOM retries: {st['num_alloc_retries']}, OOMs: {st['num_ooms']}")
+    lines.append(f"{'Non-releasable memory (split free)':<34}{format_bytes(get('inactive_split_bytes.all.current')):>14}")
+    lines.append(f"{'Non-releasable allocs (split free)':<34}{get('inactive_split.all.current'):>14}")
+    lines.append(f"{'Pending record_stream frees':<34}{get('pending_events'):>14}")
+    lines.append(f"device alloc/free calls: {get('num_device_alloc')}/{get('num_device_free')}, "
+                 f"OOM retries: {get('num_alloc_retries')}, OOMs: {get('num_ooms')}")
     pools: dict[int, list[dict[str, Any]]] = {}
     for seg in snapshot:
         pools.setdefault(seg["segment_pool_id"], []).append(seg)

@@ -123,7 +123,7 @@ def test_cuda_calls_raise_clearly_without_gpu():
     assert not tp.cuda.is_available()
     for call in (lambda: tp.cuda.current_device(), lambda: tp.cuda.Stream(),
                  lambda: tp.zeros(3, device="cuda"), lambda: tp.cuda.synchronize(),
-                 lambda: tp.cuda.memory_allocated(), lambda: tp.cuda.enable_peer_access(0, 1)):
+                 lambda: tp.cuda.mem_get_info(), lambda: tp.cuda.enable_peer_access(0, 1)):
         with pytest.raises(tp.cuda.CudaUnavailableError, match="CUDA is not available"):
             call()
 

@@ -34,6 +34,9 @@ class FakeCapture:
         self.fail_on = set(fail_on)
         self.current = None
         monkeypatch.setattr(cudagraphs, "capture_callable", self)
+        # pool ids are device memory: graph_pool_handle() needs CUDA
+        pool_ids = iter(range(1000, 2000))
+        monkeypatch.setattr(cudagraphs, "graph_pool_handle", lambda: next(pool_ids))
 
     def __call__(self, run, static_args, *, warmup, pool, capture_error_mode, where):
         for _ in range(warmup):

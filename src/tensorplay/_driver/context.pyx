@@ -403,6 +403,21 @@ cdef int checked_device_count() except -1:
     return g_device_count
 
 
+def require_cuda(what=None):
+    """Raise CudaUnavailableError unless CUDA is usable in this process.
+
+    ``what``, the clause saying what needed CUDA (``"make_graphed_callables:
+    sample args must be CUDA tensors"``), leads the message, followed by why
+    CUDA is not available.
+    """
+    try:
+        checked_device_count()
+    except CudaUnavailableError as exc:
+        if what is None:
+            raise
+        raise CudaUnavailableError(f"{what}, but {exc}") from None
+
+
 cdef int validate_device(int device) except -1:
     cdef int n = checked_device_count()
     if device < 0 or device >= n:

@@ -66,6 +66,9 @@ def cached_stream_count():
 cdef class Stream:
     """A CUDA stream on one device (cuStreamCreateWithPriority, non-blocking).
 
+    A stream exists only on a device: without CUDA the constructor raises
+    :class:`CudaUnavailableError` at once, as PyTorch's does.
+
     Parameters
     ----------
     device : int, str or None
@@ -216,6 +219,9 @@ cdef class Stream:
 cdef class ExternalStream(Stream):
     """Wrap a stream created elsewhere (PyTorch, CuPy, cuda.core) without owning it.
 
+    Without CUDA it raises :class:`CudaUnavailableError`, whatever the
+    handle (0, the legacy default stream, included), as PyTorch's does.
+
     Parameters
     ----------
     stream_ptr : int
@@ -236,8 +242,8 @@ cdef class ExternalStream(Stream):
         cdef int d
         if device is None:
             d = get_current_device()
+            validate_device(d)          # without CUDA there is no stream to wrap, not even stream 0
             if h != NULL and <uintptr_t>h > 2:
-                validate_device(d)
                 with nogil:
                     ensure_context(d)
                     check(cydriver.cuStreamGetDevice(h, &dev))
@@ -298,6 +304,13 @@ cdef int stream_wait_stream(cydriver.CUstream waiter, cydriver.CUstream waitee, 
 @cython.freelist(8)
 cdef class Event:
     """A CUDA event (cuEventCreate), created on the device of its first record.
+
+    Constructing one touches no device, so it works without CUDA, as
+    PyTorch's ``torch.cuda.Event``: the driver's event is created by the first
+    :meth:`record`, which without CUDA raises :class:`CudaUnavailableError`.
+    Until then :meth:`query` is True, :meth:`synchronize` returns at once,
+    a stream's :meth:`~Stream.wait_event` on it waits for nothing and
+    :meth:`elapsed_time` raises ValueError.
 
     Parameters
     ----------
@@ -404,7 +417,9 @@ cdef class Event:
         return self._device
 
     def __repr__(self):
-        return f"<tensorplay.cuda.Event handle={<uintptr_t>self._handle:#x} device={self._device}>"
+        if self._handle == NULL:
+            return "<tensorplay.cuda.Event not recorded>"
+        return f"<tensorplay.cuda.Event handle={<uintptr_t>self._handle:#x} device=cuda:{self._device}>"
 
 
 # ------------------------------------------------------------------ current stream

@@ -215,12 +215,13 @@ cdef class Conditionals:
         self._check_between_branches(self._innermost(), what)
         cur = self._current_stream()
         if current_stream_handle(self._device) != cur._handle:
-            raise RuntimeError("the current stream is not the capture stream of the innermost body")
+            raise RuntimeError(f"{what}: the current stream is not the capture stream of the innermost body "
+                               f"(a stream set inside it was not restored)")
         ctx = primary_context(self._device)
         with nogil:
             check(cydriver.cuStreamGetCaptureInfo(cur._handle, &status, &cid, &g, NULL, NULL, NULL))
         if status != cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-            raise RuntimeError("the capture was invalidated by an earlier error; end it and capture again")
+            raise RuntimeError(f"{what}: the capture was invalidated by an earlier error; end it and capture again")
         self._set_kernel_for(kind, index_dtype)       # loaded first: a failure here leaves no trace
         with nogil:
             check(cydriver.cuGraphConditionalHandleCreate(&handle, g, ctx, 0, 0))

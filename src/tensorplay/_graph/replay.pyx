@@ -150,7 +150,7 @@ cdef class ReplayBase:
         cdef Stream so
         cdef cydriver.CUgraphExec handle = self._cur.handle
         if handle == NULL:
-            self._replay_error()
+            self._replay_error("replay")
         if stream is None:
             s = current_stream_handle(self._device)
         else:
@@ -195,7 +195,7 @@ cdef class ReplayBase:
         cdef Stager stager = self._stager
         cdef Executable cur = self._cur
         if cur.handle == NULL:
-            self._replay_error()
+            self._replay_error("stage_and_launch")
         check_stage_arguments(static_inputs, inputs)
         stream = current_stream_handle(self._device)
         if stager is None or not stager.holds(static_inputs):
@@ -240,7 +240,7 @@ cdef class ReplayBase:
         cdef cydriver.CUstream stream
         cdef Rebinder r
         if self._cur.handle == NULL:
-            self._replay_error()
+            self._replay_error("rebind_and_launch")
         stream = current_stream_handle(self._device)
         r = self._rebinder_for(static_inputs, static_outputs)
         if <uintptr_t>stream != self._last_replay_stream:
@@ -252,7 +252,7 @@ cdef class ReplayBase:
         :meth:`rebind_and_launch` rebinds it without a copy, False when it
         copies it (something the graph runs that cannot be patched uses it)."""
         if self._cur.handle == NULL:
-            self._replay_error()
+            self._replay_error("rebindable")
         return self._rebinder_for(static_inputs, static_outputs).rebindable()
 
     cdef Rebinder _rebinder_for(self, object static_inputs, object static_outputs):
@@ -298,19 +298,23 @@ cdef class ReplayBase:
         self._last_replay_stream = stream
         return 0
 
-    cdef int _replay_error(self) except -1:
+    cdef int _replay_error(self, str what) except -1:
+        """Say why ``what`` (the public method called) finds no executable."""
         if self._capturing:
-            raise RuntimeError("replay: the graph's capture is still open; call capture_end() first")
+            raise RuntimeError(f"{what}: the graph's capture is still open; call capture_end() first")
         if self._pid and self._pid != os.getpid():
-            raise RuntimeError("replay: a CUDA graph cannot be replayed in a forked child process")
-        raise RuntimeError("replay: nothing to replay; capture a graph first (or it was reset)")
+            raise RuntimeError(f"{what}: a CUDA graph cannot be replayed in a forked child process")
+        if what == "rebindable":
+            raise RuntimeError(f"{what}: nothing captured; capture a graph first (or it was reset)")
+        raise RuntimeError(f"{what}: nothing to replay; capture a graph first (or it was reset)")
 
     # ------------------------------------------------------------ introspection
 
-    def _describe(self, bint detailed):
-        """The captured graph as plain data (see CUDAGraph.describe)."""
+    def _describe(self, bint detailed, str what="describe"):
+        """The captured graph as plain data (see CUDAGraph.describe); ``what``
+        is the public method that asked, for the error."""
         if self._cur.graph == NULL:
-            raise RuntimeError("describe: nothing captured (capture first; a reset graph has no nodes)")
+            raise RuntimeError(f"{what}: nothing captured (capture first; a reset graph has no nodes)")
         ensure_context(self._device)
         return describe_graph(self._cur.graph, detailed, self._cur.conditionals)
 

@@ -3,12 +3,19 @@
 ``memory_stats``, ``memory_allocated``, ``graph_pool_handle``, ...) over the
 caching allocator of each device, and ``allocator(device)``, the
 DeviceAllocator itself for the graph layer, the matrix products and tests.
+
+Without CUDA the statistics read as those of an allocator that never
+allocated (``memory_stats()`` is ``{}``, the counters 0) and
+``empty_cache`` and ``reset_peak_memory_stats`` do nothing, as PyTorch's
+before CUDA is initialised: code that reports memory runs on any machine.
+``graph_pool_handle`` raises CudaUnavailableError: a pool is device memory.
 """
 
-from tensorplay._driver.context cimport open_capture_count
+from tensorplay._driver.context cimport checked_device_count, open_capture_count
 from tensorplay._memory.allocator cimport DeviceAllocator, device_allocators, get_allocator
 from tensorplay._memory.pool cimport ALL
 
+from tensorplay._driver.context import CudaUnavailableError, is_available
 from tensorplay._driver.context import device_index as _device_index
 
 import itertools
@@ -16,12 +23,28 @@ import itertools
 cdef object _pool_ids = itertools.count(1)
 
 
+cdef DeviceAllocator _allocator_or_none(object device):
+    """``device``'s allocator, or None when CUDA is not available (the
+    statistics of an allocator that never allocated). A device that is no
+    CUDA device ('cpu', a bad string) raises all the same."""
+    try:
+        d = _device_index(device)
+    except CudaUnavailableError:
+        if is_available():
+            raise               # usable, but not here: a forked child
+        return None
+    return get_allocator(d)
+
+
 def graph_pool_handle():
     """Return a new memory pool id, for graphs that share one pool.
 
     Pass it as ``pool=`` to :meth:`CUDAGraph.capture_begin` or
     :class:`graph`; graphs sharing a pool must replay in capture order.
+    Without CUDA it raises :class:`CudaUnavailableError`: a pool holds
+    device memory.
     """
+    checked_device_count()
     return next(_pool_ids)
 
 
@@ -35,6 +58,7 @@ def empty_cache(device=None):
 
     Memory of a private pool still held by a graph, and memory under live
     tensors, is kept. Not allowed while a graph capture is under way.
+    Without CUDA there is nothing to release: it does nothing.
 
     Parameters
     ----------
@@ -47,7 +71,9 @@ def empty_cache(device=None):
         for each in device_allocators():
             (<DeviceAllocator>each).release_cached()
         return
-    get_allocator(_device_index(device)).release_cached()
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    if a is not None:
+        a.release_cached()
 
 
 def memory_stats(device=None):
@@ -55,80 +81,100 @@ def memory_stats(device=None):
 
     The keys are PyTorch's (``allocated_bytes.all.current``,
     ``segment.large_pool.peak``, ``num_alloc_retries``, ...), plus
-    ``pool.<id>.reserved_bytes`` and the like per graph pool.
+    ``pool.<id>.reserved_bytes`` and the like per graph pool. Without CUDA
+    an empty dict, as PyTorch's before CUDA is initialised.
 
     Parameters
     ----------
     device : device, str, int or None, optional
         Default the current device.
     """
-    return get_allocator(_device_index(device)).stats()
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    return {} if a is None else a.stats()
 
 
 def memory_snapshot(device=None):
     """Return every segment of ``device``'s allocator with its blocks, as ``torch.cuda.memory_snapshot``.
 
     Each segment is a dict (its address, ``total_size``, ``segment_pool_id``
-    and its ``blocks``, each with ``size`` and ``state``).
+    and its ``blocks``, each with ``size`` and ``state``). Without CUDA an
+    empty list.
 
     Parameters
     ----------
     device : device, str, int or None, optional
         Default the current device.
     """
-    return get_allocator(_device_index(device)).snapshot()
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    return [] if a is None else a.snapshot()
 
 
 def memory_allocated(device=None):
     """Return the bytes held by live tensors on ``device`` (rounded to the allocator's granularity).
 
+    0 without CUDA, as PyTorch's before CUDA is initialised.
+
     Parameters
     ----------
     device : device, str, int or None, optional
         Default the current device.
     """
-    return get_allocator(_device_index(device)).allocated
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    return 0 if a is None else a.allocated
 
 
 def max_memory_allocated(device=None):
     """Return the peak of :func:`memory_allocated` since the start or :func:`reset_peak_memory_stats`.
 
+    0 without CUDA.
+
     Parameters
     ----------
     device : device, str, int or None, optional
         Default the current device.
     """
-    return get_allocator(_device_index(device)).st_allocated_bytes[ALL].peak
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    return 0 if a is None else a.st_allocated_bytes[ALL].peak
 
 
 def memory_reserved(device=None):
     """Return the bytes the caching allocator holds from ``device`` (its cuMemAlloc'd segments).
 
+    0 without CUDA, as PyTorch's before CUDA is initialised.
+
     Parameters
     ----------
     device : device, str, int or None, optional
         Default the current device.
     """
-    return get_allocator(_device_index(device)).reserved
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    return 0 if a is None else a.reserved
 
 
 def max_memory_reserved(device=None):
     """Return the peak of :func:`memory_reserved` since the start or :func:`reset_peak_memory_stats`.
 
+    0 without CUDA.
+
     Parameters
     ----------
     device : device, str, int or None, optional
         Default the current device.
     """
-    return get_allocator(_device_index(device)).st_reserved_bytes[ALL].peak
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    return 0 if a is None else a.st_reserved_bytes[ALL].peak
 
 
 def reset_peak_memory_stats(device=None):
     """Set every peak counter of ``device``'s allocator to its current value.
 
+    Without CUDA every counter is 0 already: it does nothing.
+
     Parameters
     ----------
     device : device, str, int or None, optional
         Default the current device.
     """
-    get_allocator(_device_index(device)).reset_peak_stats()
+    cdef DeviceAllocator a = _allocator_or_none(device)
+    if a is not None:
+        a.reset_peak_stats()
