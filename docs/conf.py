@@ -56,7 +56,7 @@ intersphinx_mapping = {
 def _render_example_graph():
     """The picture in guide/debugging: the DOT tensorplay writes for a WHILE
     node holding an IF node, from a fixed description (no GPU needed)."""
-    from tensorplay._graph.dot import to_dot
+    from tensorplay.cuda import to_dot
     from example_graph import DESCRIPTION
     out = os.path.join(HERE, "_generated")
     os.makedirs(out, exist_ok=True)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DOT rendering of a captured graph's description (pure Python).
+"""DOT rendering of a captured graph's description (pure Python, no GPU);
+published as ``tensorplay.cuda.graphs.to_dot`` and ``tensorplay.cuda.to_dot``.
 
 A description is what ``CUDAGraph.describe()`` returns::
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["to_dot", "demangle", "escape"]
 
@@ -107,10 +110,42 @@ def _emit(desc, prefix, lines, indent, detailed, counter):
     return [ids[n["id"]] for n in desc.get("nodes", [])]
 
 
-def to_dot(desc, *, detailed=False, title="CUDA graph") -> str:
-    """Render a graph description as DOT source."""
-    if not isinstance(desc, dict) or "nodes" not in desc:
-        raise TypeError("expected a graph description: a dict with 'nodes' and 'edges'")
+def to_dot(description: Mapping[str, Any], *, detailed: bool = False, title: str = "CUDA graph") -> str:
+    """Render a graph description as Graphviz DOT source; no GPU needed.
+
+    ``description`` is what :meth:`CUDAGraph.describe` returns, or the same
+    shape built by hand or loaded from JSON: a dict with ``"nodes"`` (each
+    with an ``"id"``, a ``"kind"``, for kernels a ``"name"``, for
+    conditional nodes a ``"type"`` and their ``"bodies"``, descriptions of
+    their own) and ``"edges"`` (``[from_id, to_id]`` pairs). This is what
+    :meth:`CUDAGraph.debug_dump` writes; render it with Graphviz
+    (``dot -Tsvg graph.dot -o graph.svg``).
+
+    Parameters
+    ----------
+    description : dict
+        The graph description.
+    detailed : bool, optional
+        Show each node's ``"attrs"`` (grid, block, sizes, ...) in its label.
+    title : str, optional
+        The picture's title.
+
+    Returns
+    -------
+    str
+        The DOT source: conditional bodies are nested clusters, the
+        branches of an IF/ELSE and the cases of a SWITCH labelled, every
+        label escaped.
+
+    Raises
+    ------
+    TypeError
+        If ``description`` is not a dict with ``"nodes"``.
+    """
+    desc = description
+    if not isinstance(desc, Mapping) or "nodes" not in desc:
+        raise TypeError(f"to_dot expects a graph description (a dict with 'nodes' and 'edges', as "
+                        f"CUDAGraph.describe() returns), got {type(desc).__name__}")
     lines = ["digraph cudagraph {", "  compound=true; rankdir=TB;",
              f"  label={escape(title)}; labelloc=t;",
              '  node [fontname="monospace", fontsize=10];']

@@ -28,6 +28,7 @@ from tensorplay._random.cuda import (default_generators, get_rng_state, initial_
                                      set_rng_state)
 from tensorplay._graph import cudagraphs
 from tensorplay._graph.cudagraphs import cudagraphify
+from tensorplay._graph.dot import to_dot
 from tensorplay._graph.graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 from tensorplay.cuda import graphs, random
 
@@ -36,7 +37,7 @@ from tensorplay.cuda import graphs, random
 sys.modules[__name__ + ".cudagraphs"] = cudagraphs
 
 __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKernel", "cudagraphify", "graph",
-    "is_current_stream_capturing",
+    "is_current_stream_capturing", "to_dot",
     "CublasError", "CublasUnavailableError", "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "can_device_access_peer", "clear_kernel_cache", "current_device", "current_stream", "default_stream", "device",
     "disable_peer_access", "enable_peer_access",

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """DOT rendering of graph descriptions: no GPU needed; Graphviz checks the output."""
 
+import json
 import shutil
 import subprocess
 
@@ -112,3 +113,26 @@ def test_graphviz_accepts_branch_clusters(tmp_path):
     out = subprocess.run(["dot", "-Tsvg", str(src)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "case 2" in out.stdout and "else" in out.stdout
+
+
+# ---------------------------------------------------------------- the public to_dot
+
+def test_to_dot_is_public_in_tensorplay_cuda_and_its_graphs_module():
+    import tensorplay as tp
+    assert tp.cuda.to_dot is tp.cuda.graphs.to_dot is _dot.to_dot
+    assert "to_dot" in tp.cuda.__all__ and "to_dot" in tp.cuda.graphs.__all__
+
+
+def test_to_dot_renders_a_description_built_by_hand_or_loaded_from_json():
+    import tensorplay as tp
+    dot = tp.cuda.graphs.to_dot(NESTED, title="my graph")
+    assert dot.startswith("digraph cudagraph {") and 'label="my graph"; labelloc=t;' in dot
+    assert "grid=" not in dot and "grid=(4, 1, 1)" in tp.cuda.to_dot(NESTED, detailed=True)
+    # JSON turns tuples into lists: the same picture
+    assert tp.cuda.to_dot(json.loads(json.dumps(NESTED)), detailed=True) == tp.cuda.to_dot(NESTED, detailed=True)
+
+
+@pytest.mark.parametrize("bad", [[1, 2], {"edges": []}, "digraph {}", None])
+def test_to_dot_refuses_what_is_no_description(bad):
+    with pytest.raises(TypeError, match="^to_dot expects a graph description .* got "):
+        _dot.to_dot(bad)

@@ -80,6 +80,8 @@ def graphs(x: tp.Tensor, flag: tp.Tensor) -> float:
     assert_type(g.pool_id, int | None)
     assert_type(g.describe(), dict[str, Any])
     assert_type(g.debug_dump("/tmp/g.dot"), str)
+    assert_type(tp.cuda.to_dot(g.describe(), detailed=True), str)
+    assert_type(tp.cuda.graphs.to_dot({"nodes": [], "edges": []}, title="empty"), str)
     h = CUDAGraph()
     with tp.cuda.graph(h, pool=g.pool_id):
         x.mul_(3)
