@@ -6,8 +6,8 @@ on the current stream, so they can be captured in graphs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import numbers
 import re
@@ -23,10 +23,11 @@ from tensorplay._tensor.tensor import Tensor, as_source
 from tensorplay._driver.context import current_device
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels import codegen as _codegen
+from tensorplay._kernels import nvrtc as _nvrtc
 
 if TYPE_CHECKING:
     from tensorplay._driver.launch import Function
-    from tensorplay.types import DeviceLike, StreamLike
+    from tensorplay.types import DeviceLike, DTypeLike, StreamLike
 
 __all__ = ["RawKernel", "ElementwiseKernel"]
 
@@ -122,12 +123,34 @@ def _pointer(a, device, k):
     raise TypeError(f"argument {k}: expected a CUDA tensor for a pointer parameter, got {type(a).__name__}")
 
 
+def _arch_of(arch: int | tuple[int, int] | None, device: DeviceLike) -> int | None:
+    """The compute capability ``arch`` names, as an int (90 for 90 or (9, 0));
+    None when none is given (compile for ``device``)."""
+    if arch is None:
+        return None
+    if device is not None:
+        raise TypeError("compile: give a device (compile and load there) or an arch (compile only), not both")
+    bad = f"arch must be a compute capability such as 90 or (9, 0), got {arch!r}"
+    if isinstance(arch, tuple):
+        if len(arch) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in arch) \
+                or not 0 <= arch[1] < 10:
+            raise ValueError(bad)
+        arch = arch[0] * 10 + arch[1]
+    elif isinstance(arch, bool) or not isinstance(arch, numbers.Integral):
+        raise TypeError(bad)
+    if not 10 <= arch < 1000:
+        raise ValueError(bad)
+    return int(arch)
+
+
 class RawKernel:
     """A kernel written in CUDA C, compiled once per device (NVRTC, cached).
 
     Call it as ``kernel(grid, block, args, shared_mem=0, stream=None)``.
     Tensors in ``args`` pass their device address; numbers are typed by the
     declared signature (or by their own type when it cannot be read).
+    Constructing one compiles nothing; :meth:`compile` does, with
+    ``arch=`` also without a GPU.
 
     Parameters
     ----------
@@ -156,12 +179,48 @@ class RawKernel:
             f = self._functions[device] = _kernels.load_function(self.source, self.name, device, self.options)
         return f
 
-    def compile(self, device: DeviceLike = None) -> Function:
-        """Compile the kernel (NVRTC, cached) and load it on ``device`` now, cuModuleLoadData.
+    @overload
+    def compile(self, device: DeviceLike = None) -> Function: ...
+    @overload
+    def compile(self, device: None = None, *, arch: int | tuple[int, int]) -> bytes: ...
 
-        Otherwise the first call does it. ``device`` defaults to the current
-        CUDA device. Returns the loaded function.
+    def compile(self, device: DeviceLike = None, *, arch: int | tuple[int, int] | None = None) -> Function | bytes:
+        """Compile the kernel now (NVRTC, cached): for a device and load it there, or for ``arch`` alone.
+
+        Without ``arch``: compile for ``device``'s compute capability
+        (default the current CUDA device) and load it there
+        (cuModuleLoadData), which the first call does otherwise, as CuPy's
+        ``RawKernel.compile``. With ``arch``, a compute capability such as
+        ``90`` or ``(9, 0)``: compile for it and return the image, touching
+        no GPU (NVRTC needs none). That checks on a machine without a GPU,
+        on CI say, that the source compiles, and fills the kernel cache
+        ahead of time: it is keyed by the source, the options, the
+        architecture and the NVRTC version, so a later call on such a
+        device compiles nothing.
+
+        Parameters
+        ----------
+        device : device, str, int or None, optional
+            The device to compile for and load on; not with ``arch``.
+        arch : int or tuple of int, optional
+            The compute capability to compile for, without loading.
+
+        Returns
+        -------
+        Function or bytes
+            The loaded function; with ``arch``, the CUBIN (PTX when ``arch``
+            is newer than this NVRTC knows).
+
+        Raises
+        ------
+        NVRTCError
+            If the source does not compile; its ``log`` holds NVRTC's messages.
+        CudaUnavailableError
+            Without ``arch``, when CUDA is not available.
         """
+        target = _arch_of(arch, device)
+        if target is not None:
+            return _nvrtc.compile_cubin(self.source, self.name + ".cu", self.options, target)
         return self._function(resolve_device("cuda" if device is None else device))
 
     def __call__(self, grid: int | tuple[int, ...], block: int | tuple[int, ...], args: Sequence[Any],
@@ -236,6 +295,16 @@ def _is_placeholder(typ):
     return typ not in dt.BY_NAME
 
 
+def _resolve_type(typ, var, bound, unbound):
+    """The dtype of parameter ``var`` declared ``typ``: named, or bound to the
+    placeholder; TypeError ``unbound`` (formatted with ``typ`` and ``var``) if not."""
+    if not _is_placeholder(typ):
+        return dt.as_dtype(typ)
+    if typ not in bound:
+        raise TypeError(unbound.format(typ=typ, var=var))
+    return bound[typ]
+
+
 class ElementwiseKernel:
     """An elementwise kernel in the spirit of CuPy's.
 
@@ -299,11 +368,7 @@ class ElementwiseKernel:
                 bind(typ, o.dtype, var)
 
         def resolve(typ, var):
-            if not _is_placeholder(typ):
-                return dt.as_dtype(typ)
-            if typ not in bound:
-                raise TypeError(f"{self.name}: cannot infer type {typ} of {var} from the arguments")
-            return bound[typ]
+            return _resolve_type(typ, var, bound, self.name + ": cannot infer type {typ} of {var} from the arguments")
         tensors = [a for a in ins if isinstance(a, Tensor)] + [o for o in outs if o is not None]
         if not tensors:
             raise TypeError(f"{self.name} needs at least one tensor argument")
@@ -342,16 +407,90 @@ class ElementwiseKernel:
         if n:
             cshape, cstrides, ndim = _kernels.geometry(shape, strides)
             typedefs = dict(bound)
-            key = ("custom", self.name, self.operation, self.preamble,
-                   tuple((v, d.code, o) for v, d, o in arrays), tuple((v, d.code) for v, d in scalars),
-                   tuple(sorted((k, v.code) for k, v in typedefs.items())), ndim)
+            key = self._variant_key(arrays, scalars, typedefs, ndim)
             pkey = _kernels.launch_plan_key(key, dev, cshape, cstrides)
             plan = _kernels.plans.get(pkey)
             if plan is None:
-                f = _kernels.cached_function(key, dev, lambda: (_codegen.custom_elementwise_source(
-                    f"{self.name}_{ndim}d", arrays, scalars, typedefs, self.operation, ndim, self.preamble),
-                    f"{self.name}_{ndim}d"))
+                f = _kernels.cached_function(key, dev, lambda: self._variant_source(arrays, scalars, typedefs, ndim))
                 plan = _kernels.plans.put(pkey, _kernels.LaunchPlan(
                     f, dev, n, len(ptrs), kinds, cshape if ndim else (), cstrides if ndim else ()))
             plan.launch(ptrs, svals)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @overload
+    def compile(self, device: DeviceLike = None, *, types: Mapping[str, DTypeLike] | None = None) -> Function: ...
+    @overload
+    def compile(self, device: None = None, *, arch: int | tuple[int, int],
+                types: Mapping[str, DTypeLike] | None = None) -> bytes: ...
+
+    def compile(self, device: DeviceLike = None, *, arch: int | tuple[int, int] | None = None,
+                types: Mapping[str, DTypeLike] | None = None) -> Function | bytes:
+        """Compile the kernel for contiguous tensors now (NVRTC, cached): for a device, or for ``arch`` alone.
+
+        What is compiled is the kernel a call runs when every input is a
+        contiguous tensor (the common case; a call passing a number for an
+        input, or strided or broadcast tensors, compiles its own variant at
+        its first use). Without ``arch``: for ``device``'s compute
+        capability (default the current CUDA device), loaded there, so the
+        first such call compiles nothing. With ``arch``, a compute
+        capability such as ``90`` or ``(9, 0)``: the image, touching no GPU,
+        as :meth:`RawKernel.compile`; on a machine without a GPU that checks
+        that the operation compiles.
+
+        Parameters
+        ----------
+        device : device, str, int or None, optional
+            The device to compile for and load on; not with ``arch``.
+        arch : int or tuple of int, optional
+            The compute capability to compile for, without loading.
+        types : mapping of str to dtype, optional
+            The dtype of each placeholder type, ``{"T": tensorplay.float32}``:
+            needed when the parameters use placeholders.
+
+        Returns
+        -------
+        Function or bytes
+            The loaded function; with ``arch``, the CUBIN.
+
+        Raises
+        ------
+        NVRTCError
+            If the operation does not compile; its ``log`` holds NVRTC's messages.
+        TypeError
+            For a placeholder without a dtype in ``types``, or a key of
+            ``types`` that is no placeholder of this kernel.
+        CudaUnavailableError
+            Without ``arch``, when CUDA is not available.
+        """
+        target = _arch_of(arch, device)
+        params = self.in_params + self.out_params
+        placeholders = {typ for typ, _ in params if _is_placeholder(typ)}
+        bound: dict[str, dt.dtype] = {}
+        for typ, d in (types or {}).items():
+            if typ not in placeholders:
+                raise TypeError(f"{self.name}.compile: {typ!r} is not a placeholder type of this kernel "
+                                f"(its placeholders: {sorted(placeholders) or 'none'})")
+            bound[typ] = dt.as_dtype(d)
+        unbound = self.name + ".compile: placeholder {typ} (of {var}) needs a dtype: pass types={{'{typ}': ...}}"
+        arrays = [(var, _resolve_type(typ, var, bound, unbound), k >= len(self.in_params))
+                  for k, (typ, var) in enumerate(params)]
+        if target is not None:
+            source, name = self._variant_source(arrays, [], bound, 0)
+            return _nvrtc.compile_cubin(source, name + ".cu", (), target)
+        dev = resolve_device("cuda" if device is None else device)
+        return _kernels.cached_function(self._variant_key(arrays, [], bound, 0), dev,
+                                        lambda: self._variant_source(arrays, [], bound, 0))
+
+    def _variant_key(self, arrays, scalars, typedefs, ndim):
+        """What names one compiled variant: the operation, each operand's
+        name, dtype and role, the placeholders' dtypes and the indexing
+        (``ndim``, 0 for contiguous operands)."""
+        return ("custom", self.name, self.operation, self.preamble,
+                tuple((v, d.code, o) for v, d, o in arrays), tuple((v, d.code) for v, d in scalars),
+                tuple(sorted((k, v.code) for k, v in typedefs.items())), ndim)
+
+    def _variant_source(self, arrays, scalars, typedefs, ndim):
+        """(CUDA C, kernel name) of one variant."""
+        name = f"{self.name}_{ndim}d"
+        return _codegen.custom_elementwise_source(name, arrays, scalars, typedefs, self.operation, ndim,
+                                                  self.preamble), name

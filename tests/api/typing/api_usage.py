@@ -180,3 +180,17 @@ def random_numbers(x: tp.Tensor) -> None:
     assert_type(tp.cuda.get_rng_state(0), tp.Tensor)
     tp.cuda.set_rng_state(tp.cuda.get_rng_state(), device="cuda:0")
     assert_type(tp.cuda.initial_seed(), int)
+
+
+def own_kernels(x: tp.Tensor) -> None:
+    k = tp.cuda.RawKernel('extern "C" __global__ void k(float* x) { x[0] = 1.0f; }', "k")
+    assert_type(k.compile(arch=90), bytes)
+    assert_type(k.compile(arch=(9, 0)), bytes)
+    k.compile("cuda:0")
+    k.compile(0, arch=90)  # type: ignore[call-overload]  # a device or an arch, not both
+    e = tp.cuda.ElementwiseKernel("T x", "T y", "y = x * 2", "double_it")
+    assert_type(e.compile(arch=90, types={"T": tp.float32}), bytes)
+    assert_type(e.compile(arch=90, types={"T": "float16"}), bytes)
+    e.compile(types={"T": tp.float32})
+    k((1,), (1,), (x,))
+    e(x)
