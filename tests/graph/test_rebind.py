@@ -283,6 +283,21 @@ def test_bad_arguments_raise_before_any_launch():
     assert np.all(out.numpy() == 9.0)
 
 
+def test_errors_name_the_method_called():
+    g, x, y = _affine_graph()
+    for method in (g.rebindable, g.rebind_and_launch):
+        name = method.__name__
+        args = ([x], [x]) if name == "rebind_and_launch" else ([x],)
+        with pytest.raises(TypeError, match=f"^{name}: static_outputs must be a list or tuple of tensors"):
+            method(*args, y)
+        with pytest.raises(ValueError, match=rf"^{name}: static_inputs\[0\] must live on cuda:0"):
+            method([tp.zeros(N)], *args[1:])
+        with pytest.raises(ValueError, match=f"^{name}: static tensors 0 and 1 overlap"):
+            method([x, x[1:]], *([[x, x[1:]]] if name == "rebind_and_launch" else []))
+    with pytest.raises(TypeError, match="^rebindable: static_inputs"):
+        g.describe([3])
+
+
 def test_a_less_aligned_replacement_is_copied_for_that_call(rng):
     g, x, y = _affine_graph()
     a = rng.standard_normal(N).astype(np.float32)

@@ -74,4 +74,4 @@ cdef class Rebinder:
 cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
                             cydriver.CUgraphExec main, int device,
                             object static_inputs, object static_outputs, dict conditionals,
-                            object multi_copy, object copy)
+                            object multi_copy, object copy, str what)

@@ -571,12 +571,13 @@ cdef size_t _box_bytes(size_t x, size_t y, size_t z, size_t pitch, size_t height
 cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
                             cydriver.CUgraphExec main, int device,
                             object static_inputs, object static_outputs, dict conditionals,
-                            object multi_copy, object copy):
+                            object multi_copy, object copy, str what):
     """Build the Rebinder of these static tensors for ``graph`` (whose
     executable is ``main``, instantiated from ``exec_graph``, NULL: from
     ``graph``; an in-place update leaves the first graph's nodes its own); ``conditionals`` maps conditional nodes to their
     bodies (as for describe); ``multi_copy(capacity, device)`` gives the copy
-    kernel, ``copy(dst, src)`` copies what it cannot."""
+    kernel, ``copy(dst, src)`` copies what it cannot; ``what``, the public
+    method that asked (rebind_and_launch or rebindable), leads its errors."""
     cdef Rebinder r = Rebinder.__new__(Rebinder)
     cdef _Scan scan = _Scan.__new__(_Scan)
     cdef Py_ssize_t k, j, n, n_in, nfall = 0
@@ -590,7 +591,7 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
     cdef ArgSlot slot
     for name, seq in (("static_inputs", static_inputs), ("static_outputs", static_outputs)):
         if not is_tensor_list(seq):
-            raise TypeError(f"rebind_and_launch: {name} must be a list or tuple of tensors")
+            raise TypeError(f"{what}: {name} must be a list or tuple of tensors")
     statics = tuple(static_inputs) + tuple(static_outputs)
     n_in = len(static_inputs)
     n = len(statics)
@@ -619,7 +620,7 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
     scan.slots = [[] for _ in range(n)]
     scan.conditionals = conditionals
     for k in range(n):
-        st = static_tensor(statics[k], device, "rebind_and_launch",
+        st = static_tensor(statics[k], device, what,
                            f"static_inputs[{k}]" if k < n_in else f"static_outputs[{k - n_in}]")
         r._static_ptr[k] = st._ptr
         r._bound_ptr[k] = st._ptr
@@ -644,7 +645,7 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
     for k in range(n):
         for j in range(k):
             if scan.lo[k] < scan.hi[j] and scan.lo[j] < scan.hi[k]:
-                raise ValueError(f"rebind_and_launch: static tensors {j} and {k} overlap in memory; "
+                raise ValueError(f"{what}: static tensors {j} and {k} overlap in memory; "
                                  f"each must be its own memory to be rebound")
     ensure_context(device)
     scan.scan_graph(graph, True, exec_graph)

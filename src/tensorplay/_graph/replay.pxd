@@ -37,7 +37,7 @@ cdef class ReplayBase:
     cdef Stager _stager             # stage_and_launch's, for the last static inputs
     cdef Rebinder _rebinder         # rebind_and_launch's, for the last static tensors
 
-    cdef Rebinder _rebinder_for(self, object static_inputs, object static_outputs)
+    cdef Rebinder _rebinder_for(self, object static_inputs, object static_outputs, str what)
     cdef void _drop_rebinder(self) noexcept
     cdef void _drop_stager(self) noexcept
     cdef int _note_replay_stream(self, uintptr_t stream) except -1

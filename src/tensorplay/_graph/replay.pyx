@@ -242,7 +242,7 @@ cdef class ReplayBase:
         if self._cur.handle == NULL:
             self._replay_error("rebind_and_launch")
         stream = current_stream_handle(self._device)
-        r = self._rebinder_for(static_inputs, static_outputs)
+        r = self._rebinder_for(static_inputs, static_outputs, "rebind_and_launch")
         if <uintptr_t>stream != self._last_replay_stream:
             self._note_replay_stream(<uintptr_t>stream)
         r.launch(inputs, outputs, stream)
@@ -253,9 +253,9 @@ cdef class ReplayBase:
         copies it (something the graph runs that cannot be patched uses it)."""
         if self._cur.handle == NULL:
             self._replay_error("rebindable")
-        return self._rebinder_for(static_inputs, static_outputs).rebindable()
+        return self._rebinder_for(static_inputs, static_outputs, "rebindable").rebindable()
 
-    cdef Rebinder _rebinder_for(self, object static_inputs, object static_outputs):
+    cdef Rebinder _rebinder_for(self, object static_inputs, object static_outputs, str what):
         cdef Rebinder r = self._rebinder
         cdef Executable cur = self._cur
         if r is not None and r.holds(static_inputs, static_outputs):
@@ -264,7 +264,7 @@ cdef class ReplayBase:
             r.restore()                # the executable back on the old statics (raises: r stays)
             self._drop_rebinder()
         r = make_rebinder(cur.graph, cur.exec_graph, cur.handle, self._device, static_inputs, static_outputs,
-                          cur.conditionals, self._kernels.multi_copy, self._kernels.copy)
+                          cur.conditionals, self._kernels.multi_copy, self._kernels.copy, what)
         self._rebinder = r
         return r
 
