@@ -2,12 +2,32 @@
 """Fixtures and hooks of the whole suite; shared functions live in helpers.py.
 The ``cuda`` marker alone says a test needs a GPU: it is skipped here without one."""
 import gc
+import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
 
 import tensorplay as tp
 from helpers import FUZZED_CALLS, HAS_CUDA, N_GPUS
+
+# The suite compiles hundreds of kernels: they go to a temporary kernel cache,
+# removed at the end, not to the user's ~/.cache/tensorplay, unless
+# TENSORPLAY_TEST_CACHE_DIR names the folder to use (to keep them between runs).
+# Read at each compilation, so setting it here (before any test) is enough;
+# subprocesses of the tests inherit it.
+_TEST_CACHE = os.environ.get("TENSORPLAY_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="tensorplay-test-cache-")
+os.environ["TENSORPLAY_CACHE_DIR"] = _TEST_CACHE
+
+
+def pytest_unconfigure(config):
+    if not os.environ.get("TENSORPLAY_TEST_CACHE_DIR"):
+        shutil.rmtree(_TEST_CACHE, ignore_errors=True)
+
+
+def pytest_report_header(config):
+    return f"tensorplay kernel cache: {_TEST_CACHE} (TENSORPLAY_TEST_CACHE_DIR keeps one between runs)"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -70,3 +70,12 @@ def test_clearing_a_missing_cache_is_fine(tmp_path, monkeypatch):
     monkeypatch.setenv("TENSORPLAY_CACHE_DIR", str(tmp_path / "never-made"))
     assert tp.cuda.clear_kernel_cache()["files"] == 0
     assert tp.cuda.kernel_cache_info()["files"] == 0
+
+
+def test_the_suite_compiles_into_a_temporary_cache():
+    """conftest points TENSORPLAY_CACHE_DIR at a temporary folder: the tests'
+    kernels never land in the user's cache, unless TENSORPLAY_TEST_CACHE_DIR asks."""
+    import tempfile
+    wanted = os.environ.get("TENSORPLAY_TEST_CACHE_DIR") or tempfile.gettempdir()
+    assert tp.cuda.kernel_cache_dir().startswith(os.path.abspath(wanted))
+    assert not tp.cuda.kernel_cache_dir().startswith(os.path.expanduser("~/.cache"))
