@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import tensorplay as tp
-from tensorplay._graph import cudagraphs
+from tensorplay.cuda import cudagraphs
 
 
 def main() -> int:
