@@ -117,7 +117,7 @@ def test_event_errors():
         t0.elapsed_time(t1)
     assert tp.cuda.Event().query() is True       # never recorded
     tp.cuda.Event().synchronize()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^wait_event: event must be a tensorplay.cuda.Event, got str$"):
         tp.cuda.Stream().wait_event("not an event")
     with pytest.raises(TypeError):
         tp.cuda.stream(3.5)

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Streams and events without a GPU, decided by what PyTorch does: Event()
 constructs (its driver event is made at the first record, which raises),
-Stream() and ExternalStream() raise at once, whatever the handle. The
+Stream() and ExternalStream() raise at once, whatever the handle; and
+Event's argument errors, which name the public API (any machine). The
 in-process tests run where CUDA is unavailable (CI); the subprocess test
 turns CUDA off with TENSORPLAY_DISABLE_CUDA, so it runs on a GPU machine too."""
 
@@ -22,6 +23,18 @@ def test_an_event_constructs_and_waits_for_nothing_until_recorded():
     assert e.query() is True
     e.synchronize()                                  # nothing recorded: returns at once
     with pytest.raises(ValueError, match="must be recorded before elapsed_time"):
+        e.elapsed_time(tp.cuda.Event(enable_timing=True))
+
+
+def test_event_argument_errors_name_the_public_api():
+    with pytest.raises(TypeError, match="^elapsed_time: end must be a tensorplay.cuda.Event, got int$"):
+        tp.cuda.Event(enable_timing=True).elapsed_time(3)
+    with pytest.raises(TypeError, match=r"^__init__\(\) takes at most 3 positional arguments"):
+        tp.cuda.Event(True, False, False, True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'timing'"):
+        tp.cuda.Event(timing=True)
+    e = tp.cuda.Event(enable_timing=False, blocking=True, external=True)
+    with pytest.raises(ValueError, match="both events need enable_timing=True"):
         e.elapsed_time(tp.cuda.Event(enable_timing=True))
 
 

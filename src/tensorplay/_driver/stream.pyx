@@ -179,13 +179,14 @@ cdef class Stream:
             ensure_context(self._device)
             check(cydriver.cuStreamSynchronize(self._handle))
 
-    def wait_event(self, Event event not None):
+    def wait_event(self, event):
         """Make future work on this stream wait for ``event``, cuStreamWaitEvent."""
-        if event._handle == NULL:
+        cdef Event e = _event_arg(event, "wait_event", "event")
+        if e._handle == NULL:
             return   # never recorded: nothing to wait for, as in PyTorch
         with nogil:
             ensure_context(self._device)
-            check(cydriver.cuStreamWaitEvent(self._handle, event._handle, 0))
+            check(cydriver.cuStreamWaitEvent(self._handle, e._handle, 0))
 
     def wait_stream(self, stream):
         """Make future work on this stream wait for all work queued on ``stream`` so far.
@@ -324,9 +325,12 @@ cdef class Event:
         work inside a graph. Otherwise a record inside a capture only orders streams.
     """
 
-    def __cinit__(self, bint enable_timing=False, bint blocking=False, bint external=False):
+    def __cinit__(self):
         self._handle = NULL
         self._device = -1
+
+    # the arguments are __init__'s, so a wrong call names Event's own signature
+    def __init__(self, bint enable_timing=False, bint blocking=False, bint external=False):
         self._timing = enable_timing
         self._external = external
         self._flags = 0 if enable_timing else cydriver.CU_EVENT_DISABLE_TIMING
@@ -392,18 +396,19 @@ cdef class Event:
         with nogil:
             check(cydriver.cuEventSynchronize(self._handle))
 
-    def elapsed_time(self, Event end not None):
+    def elapsed_time(self, end):
         """Return the milliseconds between this event and ``end``, cuEventElapsedTime.
 
         Both events need ``enable_timing=True`` and must have been recorded.
         """
         cdef float ms = 0
-        if not (self._timing and end._timing):
+        cdef Event e = _event_arg(end, "elapsed_time", "end")
+        if not (self._timing and e._timing):
             raise ValueError("both events need enable_timing=True")
-        if self._handle == NULL or end._handle == NULL:
+        if self._handle == NULL or e._handle == NULL:
             raise ValueError("both events must be recorded before elapsed_time")
         with nogil:
-            check(cydriver.cuEventElapsedTime(&ms, self._handle, end._handle))
+            check(cydriver.cuEventElapsedTime(&ms, self._handle, e._handle))
         return ms
 
     @property
@@ -420,6 +425,13 @@ cdef class Event:
         if self._handle == NULL:
             return "<tensorplay.cuda.Event not recorded>"
         return f"<tensorplay.cuda.Event handle={<uintptr_t>self._handle:#x} device=cuda:{self._device}>"
+
+
+cdef Event _event_arg(object obj, str method, str name):
+    """``obj`` as an Event; TypeError naming the public class otherwise (not this module's)."""
+    if not isinstance(obj, Event):
+        raise TypeError(f"{method}: {name} must be a tensorplay.cuda.Event, got {type(obj).__name__}")
+    return <Event>obj
 
 
 # ------------------------------------------------------------------ current stream
