@@ -637,7 +637,7 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
         fns, arg_tuples, single = callables, sample_args, False
     if len(fns) != len(arg_tuples):
         raise ValueError("make_graphed_callables: one tuple of sample args per callable")
-    arg_lists = [tuple(args) for args in arg_tuples]
+    arg_lists = [_sample_args(args) for args in arg_tuples]
     for fn, args in zip(fns, arg_lists):          # every argument checked before any capture
         if not callable(fn):
             raise TypeError(f"make_graphed_callables: {fn!r} is not callable")
@@ -653,6 +653,14 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
                                   where=getattr(fn, "__name__", "callable"))
         graphed.append(_Graphed(g, static, out))
     return graphed[0] if single else tuple(graphed)
+
+
+def _sample_args(args: Any) -> tuple[Any, ...]:
+    try:
+        return tuple(args)
+    except TypeError:
+        raise TypeError(f"make_graphed_callables: sample args must be a tuple of CUDA tensors (one tuple per "
+                        f"callable), got {type(args).__name__}") from None
 
 
 class _Graphed:

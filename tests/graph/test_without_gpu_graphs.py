@@ -77,6 +77,9 @@ def test_capturing_without_cuda_says_why():
 def test_make_graphed_callables_checks_every_callable_before_capturing():
     with pytest.raises(TypeError, match="^make_graphed_callables: 3 is not callable$"):
         tp.cuda.make_graphed_callables((lambda: tp.ones(1), 3), ((), ()))
+    with pytest.raises(TypeError, match=r"^make_graphed_callables: sample args must be a tuple of CUDA tensors "
+                                        r"\(one tuple per callable\), got int$"):
+        tp.cuda.make_graphed_callables((lambda: tp.ones(1), lambda a: a), ((), 3))
 
 
 _DISABLED = """
