@@ -4,7 +4,7 @@ import threading
 import pytest
 
 import tensorplay as tp
-from tensorplay._driver.context import _bound_device
+from tensorplay._testing import bound_device
 
 pytestmark = pytest.mark.cuda
 
@@ -56,10 +56,10 @@ def test_synchronize_and_context_bound_lazily_per_thread():
     seen = {}
 
     def worker():
-        seen["before"] = _bound_device()
+        seen["before"] = bound_device()
         x = tp.ones(4, device="cuda:0")
         seen["values"] = x.tolist()
-        seen["after"] = _bound_device()
+        seen["after"] = bound_device()
 
     t = threading.Thread(target=worker)
     t.start()

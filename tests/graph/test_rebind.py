@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
+from tensorplay._testing import rebind_patch_calls
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda
@@ -47,14 +48,14 @@ def test_same_tensors_patch_nothing_and_other_tensors_patch_each_call(rng):
     g, x, y = _affine_graph()
     sets = [(_cuda(rng.standard_normal(N).astype(np.float32)), tp.empty(N, device="cuda")) for _ in range(2)]
     g.rebind_and_launch([x], [sets[0][0]], [y], [sets[0][1]])
-    calls = g._rebind_patch_calls
+    calls = rebind_patch_calls(g)
     assert calls > 0
     g.rebind_and_launch([x], [sets[0][0]], [y], [sets[0][1]])
-    assert g._rebind_patch_calls == calls                        # nothing changed: no SetParams
+    assert rebind_patch_calls(g) == calls                        # nothing changed: no SetParams
     for i in range(4):
         xin, out = sets[i % 2]
         g.rebind_and_launch([x], [xin], [y], [out])
-    assert g._rebind_patch_calls > calls
+    assert rebind_patch_calls(g) > calls
     for xin, out in sets:
         np.testing.assert_allclose(out.numpy(), xin.numpy() * 2 + 1, rtol=1e-6)
 
@@ -351,7 +352,7 @@ def test_recapture_updated_in_place_stays_rebindable():
         y.fill_(-1.0)
         other = tp.full((N,), 2.0, device="cuda")
         g.rebind_and_launch([x], [other], [y], [out])
-        assert g._rebind_patch_calls > 0
+        assert rebind_patch_calls(g) > 0
         assert np.all(out.numpy() == 2.0 * scale + 1.0)
         assert np.all(y.numpy() == -1.0)     # written through the patched pointer, not copied
         g.replay()                           # and back on the statics

@@ -9,6 +9,7 @@ import pytest
 
 import tensorplay as tp
 from helpers import graph_objects
+from tensorplay._testing import stages_in_one_launch
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda
@@ -109,7 +110,7 @@ def test_one_launch_staging_keeps_replay_and_describe_as_captured(rng):
     for n in (1, 20, 3, 20):                  # other lists of static inputs: a stager each
         data = [rng.standard_normal(256).astype(np.float32) for _ in range(n)]
         g.stage_and_launch(statics[:n], [tp.tensor(d, device="cuda") for d in data])
-        assert g._stages_in_one_launch
+        assert stages_in_one_launch(g)
         want = np.sum(data, axis=0) + sum(s.numpy() for s in statics[n:])
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
     before = [s.numpy().copy() for s in statics]
@@ -123,7 +124,7 @@ def test_one_launch_staging_keeps_replay_and_describe_as_captured(rng):
 def test_staging_builds_once_per_list_of_static_inputs(rng):
     """Alternating 9 and 8 pairs the copy kernel takes (one input made
     non-contiguous) reuses one staged executable; values stay right."""
-    from tensorplay._graph.stager import staged_builds
+    from tensorplay._testing import staged_builds
     statics = [tp.zeros(512, device="cuda") for _ in range(9)]
     g, out = _graph_sum(statics)
     data = [rng.standard_normal(512).astype(np.float32) for _ in range(9)]
@@ -142,7 +143,7 @@ def test_staging_builds_once_per_list_of_static_inputs(rng):
         want = np.sum(data, axis=0) + (scale - 1.0) * data[0]
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
     assert staged_builds() == builds
-    assert g._stages_in_one_launch
+    assert stages_in_one_launch(g)
     for k in range(3):                        # the same tensors again: new values are still copied
         g.stage_and_launch(statics, dense)
         np.testing.assert_allclose(out.numpy(), np.sum(data, axis=0) * 2.0 ** k, rtol=1e-5, atol=1e-5)
@@ -168,7 +169,7 @@ def test_staging_a_graph_with_conditional_nodes(rng):
         d = rng.standard_normal(1024).astype(np.float32)
         g.stage_and_launch([x, flag], [tp.tensor(d, device="cuda"), tp.tensor([value], device="cuda")])
         np.testing.assert_allclose(out.numpy(), d * 2.0 if value else d, rtol=1e-6)
-    assert not g._stages_in_one_launch
+    assert not stages_in_one_launch(g)
 
 
 def test_staging_an_empty_graph():
@@ -179,7 +180,7 @@ def test_staging_an_empty_graph():
         with tp.cuda.graph(g):
             pass
     g.stage_and_launch([static], [tp.ones(1024, device="cuda")])
-    assert g._stages_in_one_launch
+    assert stages_in_one_launch(g)
     assert static.tolist() == [1.0] * 1024
 
 

@@ -10,9 +10,8 @@ import random
 
 import pytest
 
-from tensorplay._memory.allocator import DeviceAllocator, note_capture_use
 from tensorplay._memory.pool import segment_bytes
-from tensorplay._memory.testing import FakeBackend
+from tensorplay._testing import DeviceAllocator, FakeBackend, note_capture_use
 from tensorplay.cuda import OutOfMemoryError
 
 KiB = 1 << 10

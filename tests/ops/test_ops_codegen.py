@@ -249,8 +249,7 @@ def test_ops_under_capture_register_their_storages(monkeypatch):
     """While a capture is open on this thread, every pointer an op takes from a
     tensor hands its storage to the capture (the graph keeps what comes from
     outside its pool until reset); otherwise nothing is registered."""
-    from tensorplay._memory.allocator import DeviceAllocator
-    from tensorplay._memory.testing import FakeBackend
+    from tensorplay._testing import DeviceAllocator, FakeBackend
     monkeypatch.setattr(_kernels, "cached_function", lambda key, dev, make: _Recorder(key, []))
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
 

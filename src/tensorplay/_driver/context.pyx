@@ -640,6 +640,6 @@ cdef int _set_peer_access(object device, object peer, bint enable) except -1:
     return 0
 
 
-def _bound_device():
-    """The device whose primary context this thread made current (-1: none); for tests."""
+def bound_device():
+    """Return the device whose primary context this thread made current (-1: none)."""
     return tls_bound_device

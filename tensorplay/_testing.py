@@ -1,0 +1,36 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What tensorplay's own tests read or swap inside the package, in one place.
+
+Not public API (it may change with any release), but documented
+(docs/design.md, "Testing"): the test suite imports these names from here,
+not from the modules that define them, so the inside of the package can
+move without the tests reaching into it.
+
+- ``DeviceAllocator`` with ``FakeBackend``: the allocator's block policy on a
+  fake device (``DeviceAllocator(0, FakeBackend())``), without a GPU;
+  ``note_capture_use`` marks a storage used by the open capture.
+- ``bound_device()``: the device whose context this thread made current.
+- ``staged_builds()``: how many one-launch staging graphs were built.
+- ``rebind_patch_calls(graph)``, ``stages_in_one_launch(graph)``: a graph's
+  kernel-node patches by ``rebind_and_launch``, and whether
+  ``stage_and_launch`` runs in one launch.
+"""
+
+from tensorplay._driver.context import bound_device
+from tensorplay._graph.stager import staged_builds
+from tensorplay._memory.allocator import DeviceAllocator, note_capture_use
+from tensorplay._memory.testing import FakeBackend
+from tensorplay.cuda import CUDAGraph
+
+__all__ = ["DeviceAllocator", "FakeBackend", "bound_device", "note_capture_use", "rebind_patch_calls",
+           "stages_in_one_launch", "staged_builds"]
+
+
+def rebind_patch_calls(graph: CUDAGraph) -> int:
+    """Return how many kernel nodes ``graph.rebind_and_launch`` has patched (cuGraphExecKernelNodeSetParams)."""
+    return int(graph._rebind_patch_calls)
+
+
+def stages_in_one_launch(graph: CUDAGraph) -> bool:
+    """Return True when ``graph.stage_and_launch`` copies and replays in one launch (a staging graph)."""
+    return bool(graph._stages_in_one_launch)
