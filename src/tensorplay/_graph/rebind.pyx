@@ -453,11 +453,14 @@ cdef class _Scan:
                                 + mp.width * mp.elementSize)
             elif t == cydriver.CU_GRAPH_NODE_TYPE_MEMCPY:
                 check(cydriver.cuGraphMemcpyNodeGetParams(nodes[i], &cp))
-                # conservative: from each side's first byte over the whole box
-                self.mark_range(cp.srcDevice, cp.srcDevice + _box_bytes(cp.srcXInBytes, cp.srcY, cp.srcZ,
-                                                                        cp.srcPitch, cp.srcHeight, &cp))
-                self.mark_range(cp.dstDevice, cp.dstDevice + _box_bytes(cp.dstXInBytes, cp.dstY, cp.dstZ,
-                                                                        cp.dstPitch, cp.dstHeight, &cp))
+                # conservative: from each side's first byte over the whole box; a
+                # host side (a copy from pinned memory) names no device memory
+                if cp.srcMemoryType != cydriver.CU_MEMORYTYPE_HOST:
+                    self.mark_range(cp.srcDevice, cp.srcDevice + _box_bytes(cp.srcXInBytes, cp.srcY, cp.srcZ,
+                                                                            cp.srcPitch, cp.srcHeight, &cp))
+                if cp.dstMemoryType != cydriver.CU_MEMORYTYPE_HOST:
+                    self.mark_range(cp.dstDevice, cp.dstDevice + _box_bytes(cp.dstXInBytes, cp.dstY, cp.dstZ,
+                                                                            cp.dstPitch, cp.dstHeight, &cp))
             elif t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
                 check(cydriver.cuGraphChildGraphNodeGetGraph(nodes[i], &child))
                 self.scan_graph(child, False, NULL)
