@@ -115,13 +115,16 @@ def from_numpy_dtype(np_dtype):
     if d is None:
         d = _BY_NP.get(nd.newbyteorder("="))
     if d is None:
-        raise TypeError(f"unsupported NumPy dtype {nd}; supported: "
+        raise TypeError(f"NumPy dtype {nd.name} has no tensorplay dtype; tensors hold "
                         f"{', '.join(x.name for x in ALL_DTYPES)}")
     return d
 
 
 def as_dtype(spec):
-    """Normalise a dtype given as tensorplay dtype, name, NumPy dtype or Python type."""
+    """Normalise a dtype given as a tensorplay dtype, a name (``"float32"``,
+    ``"half"``), a NumPy dtype or scalar type, a PyTorch dtype, or ``bool``,
+    ``int`` or ``float`` (bool, int64 and float64, as PyTorch reads them);
+    TypeError naming ``spec`` for anything else."""
     if isinstance(spec, dtype):
         return spec
     if spec is None:
@@ -137,18 +140,15 @@ def as_dtype(spec):
         if d is not None:
             return d
         raise TypeError(f"unknown dtype {spec!r}; expected one of {', '.join(x.name for x in ALL_DTYPES)}")
-    name = getattr(spec, "name", None)   # torch.float32 and the like
-    mod = type(spec).__module__
-    if mod.startswith("torch") and isinstance(str(spec), str):
-        key = str(spec).replace("torch.", "")
-        if key in BY_NAME:
-            return BY_NAME[key]
-    try:
+    if type(spec).__module__.startswith("torch"):     # torch.float32 and the like, without importing torch
+        d = BY_NAME.get(str(spec).replace("torch.", ""))
+        if d is not None:
+            return d
+    if isinstance(spec, np.dtype) or (isinstance(spec, type) and issubclass(spec, np.generic)):
         return from_numpy_dtype(spec)
-    except TypeError:
-        raise
-    except Exception:
-        raise TypeError(f"cannot interpret {spec!r} as a tensorplay dtype") from None
+    what = spec.__name__ if isinstance(spec, type) else repr(spec)
+    raise TypeError(f"{what} is not a dtype: give a tensorplay dtype (tensorplay.float32, ...), its name "
+                    f"('float32', ...), a NumPy dtype, or bool, int or float")
 
 
 # DLPack (code, bits) <-> dtype

@@ -36,6 +36,27 @@ template <class T> __device__ __forceinline__ tp_bf16 tp_to_bf16(T v) {
   else if constexpr (tp_same<T, float>::value) return tp_f2b(v);
   else return tp_d2b((double)v);
 }
+// The store to an integer type (T: signed char, unsigned char, short, int,
+// long long). Floating values are truncated toward zero, saturate at T's
+// limits and NaN becomes 0, the rule the CPU path follows too; C leaves the
+// out-of-range conversions undefined, so they never happen here. Integers
+// wrap, as C converts them.
+template <class T, class V> __device__ __forceinline__ T tp_to_int(V v) {
+  if constexpr (tp_same<V, float>::value || tp_same<V, double>::value) {
+    constexpr bool is_signed = (T)-1 < 0;
+    constexpr int bits = 8 * sizeof(T);
+    constexpr unsigned long long umax = is_signed ? (1ULL << (bits - 1)) - 1ULL
+                                                  : (bits == 64 ? ~0ULL : (1ULL << bits) - 1ULL);
+    const V top = (V)umax + (V)1;           // 2**(bits-1) (2**bits unsigned), exact
+    const V bottom = is_signed ? -top : (V)0;
+    if (v != v) return (T)0;
+    if (v >= top) return (T)umax;
+    if (v <= bottom) return is_signed ? (T)(-(long long)umax - 1LL) : (T)0;
+    return (T)v;
+  } else {
+    return (T)v;
+  }
+}
 """
 
 # load: storage -> compute value; store: any value -> storage
@@ -49,6 +70,8 @@ _STORE = {
     "float16": "{p}[{o}] = tp_to_half({v});",
     "bfloat16": "{p}[{o}] = tp_to_bf16({v});",
 }
+_STORE.update({d.name: "{p}[{o}] = tp_to_int<" + d.ctype + ">({v});"
+               for d in dt.ALL_DTYPES if d.kind in "iu"})
 COMPUTE_CTYPE = {
     "bool": "bool", "float16": "float", "bfloat16": "float",
 }

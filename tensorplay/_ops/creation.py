@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._tensor.args import normalize_dim, resolve_device
+from tensorplay._tensor.args import cast_into, normalize_dim, resolve_device
 from tensorplay._tensor.creation import empty, tensor
 from tensorplay._tensor.tensor import Tensor
 from tensorplay._kernels import cache as _kernels
@@ -49,7 +49,7 @@ def linspace(start, end, steps, *, dtype=None, device=None):
         return out
     step = (end - start) / (steps - 1) if steps > 1 else 0.0
     if dev < 0:
-        np.copyto(out.numpy(), np.linspace(start, end, steps), casting="unsafe")
+        cast_into(out.numpy(), np.linspace(start, end, steps))
         return out
     # symmetric evaluation, as PyTorch: from the start for the first half, from the end after
     expr = "((double)i < s3 / 2.0) ? (s0 + s1 * (double)i) : (s2 - s1 * (s3 - 1.0 - (double)i))"
@@ -86,7 +86,7 @@ def eye(n, m=None, *, dtype=None, device=None):
     if out.numel() == 0:
         return out
     if out.is_cpu:
-        np.copyto(out.numpy(), np.eye(n, m), casting="unsafe")
+        cast_into(out.numpy(), np.eye(n, m))
         return out
     _kernels.launch_elementwise("eye", "(i / s0) == (i % s0)", out, (), (), (m,), ("i",))
     return out

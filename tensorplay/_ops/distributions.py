@@ -22,7 +22,7 @@ from tensorplay import _dtypes as dt
 from tensorplay._kernels import random_kernels as _rk
 from tensorplay._kernels import philox as _philox
 from tensorplay._random.generator import cpu_seed_and_offset, cuda_state_ptr, generator_for
-from tensorplay._tensor.args import overlaps, parse_size, resolve_device, resolve_dtype
+from tensorplay._tensor.args import cast_into, overlaps, parse_size, resolve_device, resolve_dtype
 from tensorplay._tensor.creation import empty, like_dtype_device
 from tensorplay._tensor.tensor import Tensor, copy_into, empty_cuda
 
@@ -85,7 +85,7 @@ def _fill(t, op, scalars, generator, what, inp=None, mode=None):
         if inp is not None:
             host_in = _flat_input(inp, t.shape, _numpy_compute(inp.dtype))
         vals = _philox.values(op, t.dtype.name, seed, offset, t.numel(), scalars, host_in, mode)
-        np.copyto(t.numpy(), vals.reshape(t.shape), casting="unsafe")
+        cast_into(t.numpy(), vals.reshape(t.shape))
         return t
     target = t if t.is_contiguous() else empty_cuda(t.shape, t.dtype, dev)
     if inp is not None:

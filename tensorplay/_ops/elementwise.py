@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._tensor.args import broadcast_shape, broadcast_strides
+from tensorplay._tensor.args import broadcast_shape, broadcast_strides, cast_into
 from tensorplay._tensor.creation import empty
 from tensorplay._tensor.tensor import Tensor, as_source, empty_cuda
 from tensorplay._tensor.base import plan_key as _plan_key
@@ -318,21 +318,18 @@ def apply(op, *operands, out=None, _inplace=False):
 
 def _apply_cpu(npfn, operands, compute, out):
     cd = numpy_compute_dtype(compute)
-    args = []
-    for x in operands:
-        if isinstance(x, Tensor):
-            a = x.numpy()
-            args.append(a.astype(cd, copy=False))
-        else:
-            args.append(np.asarray(x).astype(cd))
-    with np.errstate(all="ignore"):   # an integer zero divisor gives 0, as on the GPU
+    # silent as on the GPU: an integer zero divisor gives 0, a scalar past
+    # the compute type's range wraps or becomes ±inf
+    with np.errstate(all="ignore"):
+        args = [x.numpy().astype(cd, copy=False) if isinstance(x, Tensor) else np.asarray(x).astype(cd)
+                for x in operands]
         try:
             r = npfn(*args)
         except TypeError:
             if cd != np.bool_:
                 raise
             r = npfn(*[a.astype(np.int8) for a in args])   # NumPy lacks some bool loops (sign)
-    np.copyto(out.numpy(), np.asarray(r), casting="unsafe")
+    cast_into(out.numpy(), r)
     return out
 
 
@@ -408,8 +405,9 @@ def where(condition, input, other, *, out=None):
     condition, x, y = operands
     if device < 0:
         cd = numpy_compute_dtype(result)
-        vals = [np.asarray(v.numpy() if isinstance(v, Tensor) else v).astype(cd) for v in (x, y)]
-        np.copyto(out.numpy(), np.where(condition.numpy().astype(bool), *vals), casting="unsafe")
+        with np.errstate(all="ignore"):
+            vals = [np.asarray(v.numpy() if isinstance(v, Tensor) else v).astype(cd) for v in (x, y)]
+        cast_into(out.numpy(), np.where(condition.numpy().astype(bool), *vals))
         return out
     c = _codegen.compute_ctype(result)
     ins, strides, scalars, kinds, names = [], [], [], [], []

@@ -18,7 +18,7 @@ import numpy as np
 from tensorplay._kernels import cublaslt as _lt
 from tensorplay import _dtypes as dt
 from tensorplay._driver.stream import current_stream_handle_of
-from tensorplay._tensor.args import broadcast_shape, broadcast_strides
+from tensorplay._tensor.args import broadcast_shape, broadcast_strides, cast_into
 from tensorplay._tensor.creation import empty
 from tensorplay._tensor.tensor import Tensor, empty_cuda
 from tensorplay._ops import blas as _blas
@@ -315,7 +315,7 @@ def matmul(input, other, *, out=None):
     if a.is_cpu:
         r = np.matmul(a.numpy().astype(numpy_compute_dtype(a.dtype)), b.numpy().astype(numpy_compute_dtype(a.dtype)))
         res = out if out is not None else empty(final, dtype=a.dtype)
-        np.copyto(res.numpy(), np.asarray(r).reshape(final), casting="unsafe")
+        cast_into(res.numpy(), np.asarray(r).reshape(final))
         return res
     d = a.dtype
     dev = a._device_index
@@ -506,7 +506,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, activation=None, out=None):
         if beta != 0:
             r = r + float(beta) * bias.numpy().astype(cd)
         res = out if out is not None else empty((M, N), dtype=a.dtype)
-        np.copyto(res.numpy(), _activate_numpy(r, activation).astype(cd), casting="unsafe")
+        cast_into(res.numpy(), _activate_numpy(r, activation).astype(cd))
         return res
     res, plan = _addmm_cuda(bias, a, b, M, N, K, beta, float(alpha), activation, out, (M, N))
     if plan is not None and key is not None:
@@ -581,5 +581,5 @@ def _product_activated(a, b, activation):
     cd = numpy_compute_dtype(a.dtype)
     r = _activate_numpy(a.numpy().astype(cd) @ b.numpy().astype(cd), activation)
     res = empty(r.shape, dtype=a.dtype)
-    np.copyto(res.numpy(), r, casting="unsafe")
+    cast_into(res.numpy(), r)
     return res

@@ -15,7 +15,7 @@ import numpy as np
 
 from tensorplay import _dtypes as dt
 from tensorplay import return_types
-from tensorplay._tensor.args import normalize_dim
+from tensorplay._tensor.args import cast_into, normalize_dim
 from tensorplay._tensor.creation import empty
 from tensorplay._tensor.tensor import Tensor, empty_cuda
 from tensorplay._kernels import cache as _kernels
@@ -184,7 +184,7 @@ def _reduce_cpu(op, t, dims, keepdim, dst, scale):
                 r = fn(b, axis=dims[0], keepdims=keepdim)
             else:
                 raise ValueError(f"{op} reduces over one dimension or all of them")
-    np.copyto(dst.numpy(), np.asarray(r), casting="unsafe")
+    cast_into(dst.numpy(), r)
     return dst
 
 

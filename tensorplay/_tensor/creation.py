@@ -24,7 +24,17 @@ def tensor(data, *, dtype=None, device=None):
     """Make a new tensor holding a copy of ``data``.
 
     As ``torch.tensor``: Python floats give float32, ints int64, bools bool;
-    NumPy arrays keep their dtype.
+    NumPy arrays and tensors keep their dtype.
+
+    Python numbers must fit the dtype, as in PyTorch (NumPy 2 agrees but
+    for one case): ints must lie in an integer dtype's range (for unsigned
+    dtypes negative ints down to minus the largest value wrap around, so
+    -1 gives 255 in uint8, where NumPy raises), floats given for an integer
+    dtype must be finite and in its range (then they are truncated toward
+    zero), anything fits bool (nonzero is True), and floating dtypes round,
+    to ±inf past their range. NumPy arrays and tensors given with another
+    dtype are cast silently, as :meth:`Tensor.to` casts.
+
 
     Parameters
     ----------
@@ -46,6 +56,13 @@ def tensor(data, *, dtype=None, device=None):
 
     Raises
     ------
+    OverflowError
+        If a Python number does not fit the dtype (the message names both).
+    ValueError
+        If nested sequences are ragged (their lengths differ at one depth).
+    TypeError
+        If ``data`` holds something other than numbers (strings, None,
+        complex numbers), or ``dtype`` is not a dtype.
     CudaError
         ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for more than 4096 bytes of
         host data inside a CUDA graph capture (before any GPU work; the
@@ -58,7 +75,7 @@ def tensor(data, *, dtype=None, device=None):
         return data.to(dtype=d, device=_device_cls("cpu") if dev < 0 else _device_cls("cuda", dev), copy=True)
     arr, d = numpy_data(data, dtype)
     if dev < 0:
-        return new_cpu(np.array(arr, dtype=d.numpy_dtype, copy=True), d)
+        return new_cpu(np.array(arr, copy=True), d)
     refuse_large_upload_in_capture(arr.nbytes, dev)
     out = empty_cuda(arr.shape, d, dev)
     upload(out, np.ascontiguousarray(arr))
@@ -171,7 +188,7 @@ def full(size, fill_value, *, dtype=None, device=None):
     size : int or sequence of int
         The shape.
     fill_value : bool, int or float
-        The value, cast to the dtype.
+        The value; it must fit the dtype, as in :meth:`Tensor.fill_`.
     dtype : dtype, str or None, optional
         By default the value's: bool, int64 or float32.
     device : device, str, int or None, optional
@@ -182,6 +199,11 @@ def full(size, fill_value, *, dtype=None, device=None):
     -------
     Tensor
         The new tensor.
+
+    Raises
+    ------
+    OverflowError
+        If ``fill_value`` does not fit the dtype (the message names both).
     """
     if dtype is None:
         if isinstance(fill_value, (bool, np.bool_)):
@@ -390,7 +412,7 @@ def full_like(input, fill_value, *, dtype=None, device=None):
     input : Tensor
         The tensor whose shape, dtype and device the new one takes.
     fill_value : bool, int or float
-        The value, cast to the dtype.
+        The value; it must fit the dtype, as in :meth:`Tensor.fill_`.
     dtype : dtype, str or None, optional
         Default ``input.dtype``.
     device : device, str, int or None, optional

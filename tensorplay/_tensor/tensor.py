@@ -22,8 +22,8 @@ from tensorplay._tensor.dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_
 from tensorplay._kernels import cache as _kernels
 from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtod_async, memset_d8_async
 from tensorplay._driver.stream import Event, ExternalStream, current_stream, current_stream_handle_of
-from tensorplay._tensor.args import (broadcast_strides, contiguous_strides, normalize_dim, numpy_data, overlaps,
-                                     resolve_device)
+from tensorplay._tensor.args import (broadcast_strides, cast_array, cast_into, check_value, contiguous_strides,
+                                     normalize_dim, numpy_data, overlaps, resolve_device)
 from tensorplay._tensor.base import TensorBase
 from tensorplay._tensor.transfer import (download, foreign_converter, peer_copy, refuse_large_upload_in_capture,
                                          upload)
@@ -95,15 +95,14 @@ def copy_into(dst, src):
     if src.shape != shape:
         broadcast_strides(src, shape)   # ValueError if src cannot broadcast to dst
     if dst.is_cpu:
-        host = src._array if src.is_cpu else download(src)
-        np.copyto(dst._array, host, casting="unsafe")
+        cast_into(dst._array, src._array if src.is_cpu else download(src))
         return dst
     dev = dst._device_index
     if src.is_cpu:
         host = src._array
         if src.shape == shape and dst.is_contiguous():
             refuse_large_upload_in_capture(dst.nbytes, dev)
-            upload(dst, np.ascontiguousarray(host, dtype=dst.dtype.numpy_dtype))
+            upload(dst, np.ascontiguousarray(cast_array(host, dst.dtype)))
             return dst
         # uploaded as it is, then cast, broadcast and laid out on the device
         refuse_large_upload_in_capture(src.nbytes, dev)
@@ -135,39 +134,19 @@ def _to_device(src, dev):
 
 
 def _fill_scalar(t, value):
-    """``t.fill_(value)``: ``value`` (a real number or a one-element tensor) cast to t's dtype."""
-    d = t.dtype
+    """``t.fill_(value)``: ``value`` (a real number or a one-element tensor),
+    which must fit t's dtype (check_value with PyTorch's fill rule)."""
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"fill_ takes a scalar or a one-element tensor, got shape {value.shape}")
         value = value.item()
-    if isinstance(value, (np.generic,)):
-        value = value.item()
-    if isinstance(value, bool):
-        value = int(value)
-    if not isinstance(value, numbers.Real):
+    if isinstance(value, np.ndarray) or not isinstance(value, (numbers.Real, np.generic)):
         raise TypeError(f"fill value must be a real number, got {type(value).__name__}")
+    v = check_value(value, t.dtype, fill=True)
     if t.is_cpu:
-        t._array[...] = value
+        t._array[...] = v
         return t
-    if d.kind == "f":
-        kind, v = "f", float(value)
-    else:
-        if isinstance(value, float):
-            if value != value or value in (float("inf"), float("-inf")):
-                if d.kind == "b":
-                    kind, v = "i", 1
-                else:
-                    raise ValueError(f"cannot fill a {d.name} tensor with {value}")
-            else:
-                kind, v = "i", (1 if (d.kind == "b" and value != 0) else int(value))
-        else:
-            kind, v = "i", int(value)
-        if d.kind == "b":
-            v = 1 if v != 0 else 0
-        elif not (-(1 << 63) <= v < (1 << 63)):
-            raise OverflowError(f"value {value} does not fit in {d.name}")
-    _kernels.launch_elementwise("fill", "s0", t, (), (), (v,), (kind,))
+    _kernels.launch_elementwise("fill", "s0", t, (), (), (v,), ("f" if t.dtype.kind == "f" else "i",))
     return t
 
 
@@ -356,6 +335,18 @@ class Tensor(TensorBase):
         -------
         Tensor
             ``self`` when nothing changes and ``copy`` is False, else a new tensor.
+
+        Notes
+        -----
+        Casts are silent, as PyTorch's, and give the same values on the CPU
+        and on CUDA: floating values cast to an integer dtype are truncated
+        toward zero, saturate at the dtype's limits (300.0 gives 127 in
+        int8, -1.0 gives 0 in uint8, inf the largest value) and NaN becomes
+        0; integers cast to a narrower integer dtype wrap around (300 gives
+        44 in int8); casts to bool give True for nonzero values, NaN
+        included; floating casts round to nearest, overflowing to ±inf.
+        PyTorch leaves float-to-integer casts past the range undefined (its
+        CPU and CUDA results differ there); tensorplay defines them so.
         """
         for a in args:
             if isinstance(a, Tensor):
@@ -396,6 +387,9 @@ class Tensor(TensorBase):
         cuMemcpyHtoDAsync and raises CudaError
         (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) inside a capture.
 
+        Values of another dtype are cast silently, by the rule of
+        :meth:`to`, on the CPU and on CUDA alike.
+
         Parameters
         ----------
         src : Tensor, array-like or number
@@ -412,7 +406,33 @@ class Tensor(TensorBase):
         return copy_into(self, src)
 
     def fill_(self, value):
-        """Fill this tensor with ``value`` (cast to its dtype), in place; return ``self``."""
+        """Fill this tensor with ``value``, in place.
+
+        As ``torch.Tensor.fill_``, the value must fit the dtype: an int
+        must lie in an integer dtype's range (for unsigned dtypes negative
+        ints down to minus the largest value wrap around: -1 fills uint8
+        with 255); a float given for an integer dtype must be finite and in
+        its range (it is truncated toward zero); a value for a floating
+        dtype must be NaN, infinite or at most its largest finite value (a
+        finite value past it is refused, not rounded to infinity); anything
+        fits bool (nonzero is True). :func:`tensorplay.full` and
+        ``full_like`` follow the same rule.
+
+        Parameters
+        ----------
+        value : bool, int, float or Tensor
+            A real number, or a one-element tensor (its value).
+
+        Returns
+        -------
+        Tensor
+            ``self``.
+
+        Raises
+        ------
+        OverflowError
+            If the value does not fit the dtype (the message names both).
+        """
         return _fill_scalar(self, value)
 
     def zero_(self):

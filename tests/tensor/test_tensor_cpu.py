@@ -32,7 +32,7 @@ def test_creation_matches_numpy_on_cpu():
     assert tp.tensor([True]).dtype is tp.bool
     with pytest.raises(ValueError):
         tp.arange(0, 3, 0)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="ragged"):
         tp.tensor([[1, 2], [3]])
 
 

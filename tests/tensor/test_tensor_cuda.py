@@ -40,7 +40,7 @@ def test_full_values_are_exact():
     assert tp.full((2,), 2.5, dtype=tp.bool, device="cuda").tolist() == [True, True]
     with pytest.raises(OverflowError):
         tp.full((1,), 1 << 70, dtype=tp.int64, device="cuda")
-    with pytest.raises(ValueError):
+    with pytest.raises(OverflowError, match="does not fit int32"):
         tp.full((1,), float("inf"), dtype=tp.int32, device="cuda")
 
 
