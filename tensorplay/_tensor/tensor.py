@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import pickle
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from tensorplay._driver.context import device_index as cuda_device_index
 from tensorplay._device import device as _device_cls
 from tensorplay._tensor.dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from tensorplay._kernels import cache as _kernels
-from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtod_async, memset_d8_async
+from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtod_async, memset_d8_async, refuse_in_capture
 from tensorplay._driver.stream import Event, ExternalStream, current_stream, current_stream_handle_of
 from tensorplay._tensor.args import (broadcast_strides, cast_array, cast_into, check_value, contiguous_strides,
                                      normalize_dim, numpy_data, overlaps, resolve_device)
@@ -28,7 +29,7 @@ from tensorplay._tensor.base import TensorBase
 from tensorplay._tensor.transfer import (download, foreign_converter, peer_copy, refuse_large_upload_in_capture,
                                          upload)
 
-__all__ = ["Tensor", "new_cpu", "new_cuda", "empty_cuda", "view_of", "as_source", "copy_into"]
+__all__ = ["Tensor", "new_cpu", "new_cuda", "empty_cuda", "view_of", "as_source", "copy_into", "rebuild_tensor"]
 
 
 # ------------------------------------------------------------------ tensor objects
@@ -148,6 +149,19 @@ def _fill_scalar(t, value):
         return t
     _kernels.launch_elementwise("fill", "s0", t, (), (), (v,), ("f" if t.dtype.kind == "f" else "i",))
     return t
+
+
+def rebuild_tensor(data, dtype_name, shape, device):
+    """Make the tensor a pickle holds: ``data`` (its values' bytes, row-major)
+    as ``shape`` of dtype ``dtype_name`` on ``device`` (``"cpu"`` or
+    ``"cuda:N"``). Pickles name this function by its module and name
+    (``Tensor.__reduce_ex__``): keep both, or leave an alias when moving it."""
+    d = dt.BY_NAME[dtype_name]
+    arr = np.frombuffer(data, dtype=d.numpy_dtype).reshape(shape)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    t = new_cpu(arr, d)
+    return t if device == "cpu" else t.to(device)
 
 
 def _capture_repr(t):
@@ -456,6 +470,35 @@ class Tensor(TensorBase):
             A stream of this tensor's device.
         """
         return TensorBase.record_stream(self, stream)
+
+    # ---------------------------------------------------------------- pickling and copies
+
+    def __reduce_ex__(self, protocol):
+        """Pickle the values, dtype, shape and device (as PyTorch: a CUDA
+        tensor comes back on the same device index).
+
+        A view pickles its own values, not its base's. CUDA values are read
+        to the host here, which waits for the current stream; inside a CUDA
+        graph capture that raises CudaError
+        (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``) and the capture stays
+        usable."""
+        if self.is_cuda:
+            dev = self._device_index
+            refuse_in_capture(dev, current_stream_handle_of(dev), (
+                "a CUDA tensor cannot be pickled inside a CUDA graph capture: pickling reads its values "
+                "to the host, which a capture cannot do; pickle it before or after the capture"))
+            host = download(self)
+        else:
+            host = np.ascontiguousarray(self._array)
+        raw = host.reshape(-1).view(np.uint8)
+        data = pickle.PickleBuffer(raw) if protocol >= 5 else raw.tobytes()
+        return (rebuild_tensor, (data, self.dtype.name, self.shape, str(self.device)))
+
+    def __deepcopy__(self, memo):
+        """Return a copy on the same device (:meth:`clone`), as PyTorch's ``copy.deepcopy``."""
+        copy = self.clone()
+        memo[id(self)] = copy
+        return copy
 
     # ---------------------------------------------------------------- interop
 
