@@ -14,15 +14,21 @@ move without the tests reaching into it.
 - ``rebind_patch_calls(graph)``, ``stages_in_one_launch(graph)``: a graph's
   kernel-node patches by ``rebind_and_launch``, and whether
   ``stage_and_launch`` runs in one launch.
+- ``PinnedMemory``, ``pinned_memory_of(array)``, ``pinned_memory_stats()``,
+  ``free_pending_pinned(wait)``: pinned host buffers, the one under an
+  array, how many are alive or wait for their GPU work, and freeing those
+  whose work has run.
 """
 
 from tensorplay._driver.context import bound_device
+from tensorplay._driver.pinned import PinnedMemory, free_pending_pinned, pinned_memory_of, pinned_memory_stats
 from tensorplay._graph.stager import staged_builds
 from tensorplay._memory.allocator import DeviceAllocator, note_capture_use
 from tensorplay._memory.testing import FakeBackend
 from tensorplay.cuda import CUDAGraph
 
-__all__ = ["DeviceAllocator", "FakeBackend", "bound_device", "note_capture_use", "rebind_patch_calls",
+__all__ = ["DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "free_pending_pinned",
+           "note_capture_use", "pinned_memory_of", "pinned_memory_stats", "rebind_patch_calls",
            "stages_in_one_launch", "staged_builds"]
 
 
