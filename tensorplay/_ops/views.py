@@ -11,8 +11,9 @@ import numbers
 
 from numpy.lib.stride_tricks import as_strided
 
+from tensorplay import _dtypes as dt
 from tensorplay._tensor.args import contiguous_strides, normalize_dim
-from tensorplay._tensor.tensor import new_cpu, view_of
+from tensorplay._tensor.tensor import new_cpu, new_cuda, view_of
 
 
 def _make_view(t, shape, strides, offset=0):
@@ -36,8 +37,8 @@ def getitem(t, index):
             if hasattr(ix, "__index__") and not hasattr(ix, "shape"):
                 continue
             raise TypeError(
-                f"unsupported index {type(ix).__name__}: tensors index with ints, slices, None and "
-                "Ellipsis (tensor and boolean-mask indexing come with the indexing ops)")
+                f"unsupported index {type(ix).__name__}: tensors index with ints, slices, None, "
+                "Ellipsis, and integer or bool tensors, lists and arrays")
     n_ell = sum(1 for ix in index if ix is Ellipsis)
     if n_ell > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
@@ -114,6 +115,45 @@ def view(t, shape):
         raise ValueError(f"view of shape {shape} is not compatible with the tensor's strides "
                          f"{t.strides}; use reshape() (which copies) or contiguous() first")
     return _make_view(t, shape, strides)
+
+
+def view_dtype(t, d):
+    """``t``'s memory seen as dtype ``d``, as ``torch.Tensor.view(dtype)``:
+    the same shape and strides for a dtype of the same size; otherwise the
+    last dimension must have stride 1 and scales by the ratio of the sizes
+    (the other strides too), and for a larger dtype the last dimension's
+    size, the other strides and the storage offset must divide by it."""
+    if d.itemsize == t.itemsize:
+        shape, strides = t.shape, t.strides
+    else:
+        what = f"view({d.name}) of a {t.dtype.name} tensor ({t.itemsize}-byte elements as {d.itemsize}-byte ones)"
+        if t.ndim == 0:
+            raise ValueError(f"{what}: a 0-d tensor cannot change its element size; view it as 1-d first")
+        if t.strides[-1] != 1 and t.numel():          # an empty tensor has no layout to keep
+            raise ValueError(f"{what}: the last dimension must have stride 1, it has {t.strides[-1]}; "
+                             f"call contiguous() first")
+        shape, strides = list(t.shape), list(t.strides)
+        if d.itemsize < t.itemsize:
+            ratio = t.itemsize // d.itemsize
+            shape[-1] *= ratio
+            strides = [s * ratio for s in strides[:-1]] + [1]
+        else:
+            ratio = d.itemsize // t.itemsize
+            if shape[-1] % ratio:
+                raise ValueError(f"{what}: the last dimension's size {shape[-1]} must be a multiple of {ratio}")
+            if t.numel() and any(s % ratio for s in strides[:-1]):
+                raise ValueError(f"{what}: the strides {t.strides} must be multiples of {ratio} "
+                                 f"(but the last)")
+            if t.data_ptr() % d.itemsize:
+                raise ValueError(f"{what}: the first element must be {d.itemsize}-byte aligned "
+                                 f"(the storage offset a multiple of {ratio})")
+            shape[-1] //= ratio
+            strides = [s // ratio for s in strides[:-1]] + [1]
+        if not t.numel():
+            strides = contiguous_strides(shape)
+    if t.is_cuda:
+        return new_cuda(t._storage, t.data_ptr(), tuple(shape), tuple(strides), d, t._device_index)
+    return new_cpu(t._array.view(d.numpy_dtype), d)
 
 
 def reshape(t, shape):
@@ -223,13 +263,21 @@ def parse_view_shape(shape, numel):
 # installed on Tensor by _methods.install (as Tensor.<name without tensor_>)
 
 def tensor_view(self, *shape):
-    """Return a view of the same memory with another shape.
+    """Return a view of the same memory with another shape, or another dtype.
+
+    ``view(dtype)`` reinterprets the bytes, as ``torch.Tensor.view(dtype)``
+    (and NumPy's ``ndarray.view``): a dtype of the same size keeps the
+    shape and strides; a smaller one multiplies the last dimension by the
+    ratio of the sizes, a larger one divides it, which needs stride 1 in
+    the last dimension (and, for a larger dtype, a last size, other
+    strides and storage offset divisible by the ratio). No data is copied,
+    on the CPU or on CUDA.
 
     Parameters
     ----------
-    *shape : int or sequence of int
-        The new shape, with the same number of elements; one entry may
-        be -1 (inferred).
+    *shape : int, sequence of int, or a dtype
+        The new shape, with the same number of elements (one entry may be
+        -1, inferred); or one dtype.
 
     Returns
     -------
@@ -240,8 +288,15 @@ def tensor_view(self, *shape):
     ------
     ValueError
         If the shape does not fit, or the strides do not allow a view
-        (use :meth:`reshape`).
+        (use :meth:`reshape`), or the layout does not allow the dtype.
     """
+    if len(shape) == 1 and not isinstance(shape[0], (numbers.Integral, list, tuple)):
+        try:
+            d = dt.as_dtype(shape[0])
+        except TypeError:
+            raise TypeError(f"view takes a shape (ints or one sequence of ints) or a dtype, "
+                            f"got {shape[0]!r}") from None
+        return view_dtype(self, d)
     return view(self, parse_view_shape(shape, self.numel()))
 
 
