@@ -16,6 +16,7 @@ import re
 import struct
 import threading
 from collections import OrderedDict
+from typing import NamedTuple
 
 from tensorplay._driver.context import get_device_capability, get_device_properties
 from tensorplay._driver.launch import Module
@@ -64,9 +65,59 @@ def cached_function(key, device: int, make_source, options=()):
     f = _functions.get((key, device))
     if f is None:
         source, name = make_source()
+        if getattr(_collecting, "active", False):
+            raise KernelCollected(KernelSpec(source, name + ".cu", tuple(str(o) for o in options)))
         f = load_function(source, name, device, options)
         _functions[(key, device)] = f
     return f
+
+
+# ------------------------------------------------------------------ collecting kernels (precompile)
+
+class KernelSpec(NamedTuple):
+    """One kernel as NVRTC compiles it: the CUDA C, the program name
+    (``<kernel>.cu``) and the options; :func:`load_function` compiles the
+    same for a device's architecture, so the on-disk cache key is the same."""
+    source: str
+    name: str
+    options: tuple
+
+
+# A device index no GPU has. Tensors made on it (metadata over no memory)
+# take the real op code up to cached_function, which under collect_kernel
+# hands back the kernel asked for instead of compiling it: the plans and
+# kernels kept for real devices are never found or stored from there.
+COLLECT_DEVICE = 1 << 20
+_collecting = threading.local()
+
+
+class KernelCollected(BaseException):
+    """Ends the call :func:`collect_kernel` runs at the kernel it asks for (a
+    BaseException, so that no ``except Exception`` on the way keeps it)."""
+
+    def __init__(self, spec: KernelSpec):
+        super().__init__(spec.name)
+        self.spec = spec
+
+
+def collect_kernel(call, *args, **kwargs) -> KernelSpec | None:
+    """Run ``call(*args, **kwargs)`` up to the first kernel it asks
+    :func:`cached_function` for and return that kernel's :class:`KernelSpec`
+    (None if it asks for none), compiling and launching nothing.
+
+    ``call`` is real op code over tensors on :data:`COLLECT_DEVICE` (made
+    with ``new_cuda(None, ...)``, ``out=`` given): it must reach the kernel
+    before it allocates, launches or asks the device anything, which the
+    kernel families do. Only this thread collects meanwhile."""
+    before = getattr(_collecting, "active", False)
+    _collecting.active = True
+    try:
+        call(*args, **kwargs)
+    except KernelCollected as done:
+        return done.spec
+    finally:
+        _collecting.active = before
+    return None
 
 
 def _ident(key) -> str:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 __all__ = ["NVRTCError", "compile_cubin", "nvrtc_version", "cache_dir", "kernel_cache_dir", "kernel_cache_info", "clear_kernel_cache",
-           "supported_archs"]
+           "supported_archs", "is_cached", "add_compile_listener", "remove_compile_listener"]
 
 # Each compilation is logged at INFO (kernel, target, milliseconds), each CUBIN
 # read back from the on-disk cache at DEBUG; nothing is printed unless the
@@ -38,6 +38,9 @@ class NVRTCError(RuntimeError):
 _lock = threading.Lock()
 _memory_cache: dict[str, bytes] = {}
 _stats = {"compiled": 0, "memory_hits": 0, "disk_hits": 0}
+# Called after each NVRTC compilation with (kernel name, target, seconds), from
+# the compiling thread (tensorplay._kernels.precompile's compile_progress).
+_listeners: list = []
 
 
 def _nvrtc():
@@ -144,7 +147,7 @@ def compile_cubin(source: str, name: str = "kernel.cu", options=(), arch: int = 
         if hit is not None:
             _stats["memory_hits"] += 1
             return hit
-    path = os.path.join(cache_dir(), key[:2], key + ".bin")
+    path = _path_of(key)
     try:
         with open(path, "rb") as f:
             image = f.read()
@@ -159,16 +162,53 @@ def compile_cubin(source: str, name: str = "kernel.cu", options=(), arch: int = 
         pass
     start = time.perf_counter()
     image = _compile(source, name, options, arch)
-    if logger.isEnabledFor(logging.INFO):
-        target, cubin = target_for(arch)
-        logger.info("compiled kernel %s for %s%s with NVRTC %s in %.1f ms", _kernel_name(name), target,
-                    "" if cubin else " (PTX: this NVRTC does not know the GPU)",
-                    ".".join(map(str, nvrtc_version())), (time.perf_counter() - start) * 1e3)
+    seconds = time.perf_counter() - start
+    target, cubin = target_for(arch)
+    logger.info("compiled kernel %s for %s%s with NVRTC %s in %.1f ms", _kernel_name(name), target,
+                "" if cubin else " (PTX: this NVRTC does not know the GPU)",
+                ".".join(map(str, nvrtc_version())), seconds * 1e3)
     with _lock:
         _memory_cache[key] = image
         _stats["compiled"] += 1
+        listeners = list(_listeners)
     _write_atomic(path, image)
+    for listener in listeners:
+        listener(_kernel_name(name), target, seconds)
     return image
+
+
+def _path_of(key):
+    """The on-disk cache file of the image with cache key ``key``."""
+    return os.path.join(cache_dir(), key[:2], key + ".bin")
+
+
+def is_cached(source: str, options=(), arch: int = 90) -> bool:
+    """Whether :func:`compile_cubin` would find ``source`` compiled with
+    ``options`` for ``arch`` (in memory or on disk) rather than run NVRTC."""
+    key = cache_key(source, tuple(str(o) for o in options), arch)
+    with _lock:
+        if key in _memory_cache:
+            return True
+    try:
+        return os.path.getsize(_path_of(key)) > 0
+    except OSError:
+        return False
+
+
+def add_compile_listener(listener) -> None:
+    """Call ``listener(kernel, target, seconds)`` after each NVRTC compilation
+    (in the compiling thread) until :func:`remove_compile_listener`."""
+    with _lock:
+        _listeners.append(listener)
+
+
+def remove_compile_listener(listener) -> None:
+    """Stop calling ``listener`` (added by :func:`add_compile_listener`)."""
+    with _lock:
+        try:
+            _listeners.remove(listener)
+        except ValueError:
+            pass
 
 
 def _kernel_name(name):
