@@ -22,6 +22,7 @@ from tensorplay._memory.summary import live_driver_objects, memory_summary
 from tensorplay._tensor.transfer import synchronize
 from tensorplay._kernels.cublaslt import CublasError
 from tensorplay._kernels.nvrtc import clear_kernel_cache, kernel_cache_dir, kernel_cache_info
+from tensorplay._kernels.precompile import compile_progress
 from tensorplay._ops.blas import CublasUnavailableError
 from tensorplay._ops.custom import ElementwiseKernel, RawKernel
 from tensorplay._random.cuda import (default_generators, get_rng_state, initial_seed, manual_seed, manual_seed_all,
@@ -29,6 +30,7 @@ from tensorplay._random.cuda import (default_generators, get_rng_state, initial_
 from tensorplay._graph import cudagraphs
 from tensorplay._graph.cudagraphs import cudagraphify
 from tensorplay._graph.dot import to_dot
+from tensorplay._graph.kernel_catalog import precompile
 from tensorplay._graph.graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 from tensorplay.cuda import graphs, random
 
@@ -43,6 +45,7 @@ __all__ = ["make_graphed_callables", "CUDAGraph", "ElementwiseKernel", "RawKerne
     "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",
     "get_device_properties", "graph_pool_handle", "is_available", "is_device_supported", "kernel_cache_dir", "kernel_cache_info",
+    "compile_progress", "precompile",
     "live_driver_objects", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_summary",
     "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
