@@ -384,7 +384,8 @@ def precompile(ops: str | Iterable[str] | None = None, dtypes: Iterable[Any] | N
     402
     """
     start = time.perf_counter()
-    _names(ops), _dtypes(dtypes), check_workers(workers), check_progress(progress)     # checked first: cheap
+    _names(ops), _dtypes(dtypes), check_workers(workers)        # every argument checked first: cheap
+    check_progress(progress)
     archs = resolve_archs(arch)
     specs = catalog_kernels(ops, dtypes)
     return compile_kernels(specs, archs, workers, progress, start=start)
