@@ -40,6 +40,10 @@ _C_TYPES = {
     "int64_t": "q", "ptrdiff_t": "q", "unsigned long": "Q", "unsigned long long": "Q",
     "uint64_t": "Q", "size_t": "Q", "float": "f", "double": "d",
 }
+# struct format -> the C type named in messages
+_C_NAMES = {"?": "bool", "b": "signed char", "B": "unsigned char", "h": "short", "H": "unsigned short",
+            "i": "int", "I": "unsigned int", "q": "long long", "Q": "unsigned long long", "f": "float",
+            "d": "double"}
 _QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__restrict|restrict|struct)\b")
 
 
@@ -84,13 +88,14 @@ def _pack(codes, args, device):
             values.append(float(a) if code in "fd" else (bool(a) if code == "?" else int(a)))
             fmt_chars.append(code)
     buf = b""
-    for c, v in zip(fmt_chars, values):
+    for k, (c, v) in enumerate(zip(fmt_chars, values)):
         size = struct.calcsize(c)
         buf += b"\0" * (-len(buf) % size)       # natural alignment, as the C ABI lays it out
         try:
             buf += struct.pack("<" + c, v)
-        except struct.error as exc:
-            raise OverflowError(f"argument {v!r} does not fit the kernel's parameter type: {exc}") from None
+        except (struct.error, OverflowError):
+            raise OverflowError(f"argument {k}: {v!r} does not fit the kernel's {_C_NAMES[c]} "
+                                f"parameter") from None
     return buf
 
 
@@ -246,7 +251,8 @@ class RawKernel:
             raise TypeError(f"{self.name} takes {len(self._codes)} arguments, {len(args)} given")
         devices = {a._device_index for a in args if isinstance(a, Tensor) and a.is_cuda}
         if len(devices) > 1:
-            raise ValueError(f"{self.name}: tensors on several devices {sorted(devices)}")
+            names = " and ".join(f"cuda:{i}" for i in sorted(devices))
+            raise ValueError(f"{self.name}: tensors on {names}; one launch runs on one device")
         device = devices.pop() if devices else current_device()
         if stream is not None:
             s = stream_of(stream)
@@ -303,6 +309,23 @@ def _resolve_type(typ, var, bound, unbound):
     if typ not in bound:
         raise TypeError(unbound.format(typ=typ, var=var))
     return bound[typ]
+
+
+def _one_cuda_device(name, named):
+    """The CUDA device index of the tensors among ``named`` ((parameter,
+    value) pairs); ValueError naming a CPU tensor, or tensors on several
+    devices."""
+    devices = {}
+    for var, a in named:
+        if isinstance(a, Tensor):
+            if a.is_cpu:
+                raise ValueError(f"{name}: {var} is on the CPU; custom kernels run on CUDA tensors "
+                                 f"(move it with .cuda() or .to('cuda'))")
+            devices.setdefault(a._device_index, var)
+    if len(devices) > 1:
+        where = ", ".join(f"{var} on cuda:{i}" for i, var in sorted(devices.items()))
+        raise ValueError(f"{name}: the tensors must be on one CUDA device, got {where}")
+    return next(iter(devices))
 
 
 class ElementwiseKernel:
@@ -376,10 +399,8 @@ class ElementwiseKernel:
         for a in ins:
             if isinstance(a, Tensor):
                 shape = broadcast_shape(shape, a.shape)
-        devs = {t._device_index for t in tensors}
-        if len(devs) != 1 or -1 in devs:
-            raise ValueError(f"{self.name}: all tensors must be on one CUDA device, got {sorted(devs)}")
-        dev = devs.pop()
+        dev = _one_cuda_device(self.name, list(zip([v for _, v in self.in_params], ins)) +
+                               list(zip([v for _, v in self.out_params], outs)))
         for k, ((typ, var), o) in enumerate(zip(self.out_params, outs)):
             if o is None:
                 outs[k] = empty(shape, dtype=resolve(typ, var), device=f"cuda:{dev}")
