@@ -16,7 +16,7 @@ import numpy as np
 from tensorplay import _dtypes as dt
 from tensorplay._tensor.args import broadcast_shape, broadcast_strides, cast_into
 from tensorplay._tensor.creation import empty
-from tensorplay._tensor.tensor import Tensor, as_source, empty_cuda
+from tensorplay._tensor.tensor import Tensor, as_source, empty_cuda, host_to_cuda, is_literal
 from tensorplay._tensor.base import plan_key as _plan_key
 from tensorplay._kernels import cache as _kernels
 from tensorplay._kernels import codegen as _codegen
@@ -223,12 +223,15 @@ def _operand_device(operands, given):
 
 def _host_data_to(device, operands, given):
     """Copy the host-data operands (as _operand_device tells them) to CUDA
-    ``device``, in place in ``operands``, once every check has passed: up to
+    ``device``, in place in ``operands``, once every check has passed, by
+    the host-data rule of copy_: lists and tuples up to
     PARAM_UPLOAD_MAX_BYTES inside kernel parameters, so a capture can hold
-    it. 0-d host data stays a scalar argument."""
+    them; NumPy arrays as CPU tensors are (read at every replay from pinned
+    memory, refused inside a capture from pageable memory). 0-d host data
+    stays a scalar argument."""
     for k, (x, g) in enumerate(zip(operands, given)):
         if isinstance(x, Tensor) and not isinstance(g, Tensor) and x.ndim:
-            operands[k] = x.to(device=device)
+            operands[k] = host_to_cuda(x, device, is_literal(g))
 
 
 def _device_of(tensors):

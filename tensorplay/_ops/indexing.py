@@ -17,8 +17,8 @@ import numpy as np
 
 from tensorplay import _dtypes as dt
 from tensorplay._tensor.creation import empty, tensor
-from tensorplay._tensor.tensor import Tensor, as_source, copy_into, empty_cuda
-from tensorplay._driver.memcpy import memcpy_dtoh, memset_d8_async
+from tensorplay._tensor.tensor import Tensor, as_source, copy_into, empty_cuda, host_to_cuda, is_literal
+from tensorplay._driver.memcpy import memcpy_dtoh, memset_d8_async, refuse_in_capture
 from tensorplay._driver.stream import current_stream_handle_of
 from tensorplay._kernels import cache as _kernels
 from tensorplay._ops.elementwise import where
@@ -95,6 +95,27 @@ def _index_tensor(ix, device):
     if t.dtype.kind == "f":
         raise IndexError(f"tensors used as indices must be integer or bool, not {t.dtype.name}")
     return t, t.is_cpu
+
+
+def _index_on_device(flat, view, literal):
+    """The flat index as a contiguous int64 tensor on CUDA ``view``'s device;
+    host indices by the host-data rule of copy_ (``literal``: made from a
+    Python list, so a capture may copy it into the graph)."""
+    if flat.is_cpu:
+        return host_to_cuda(flat, view._device_index, literal, dt.int64)
+    return flat.to(dt.int64).to(view.device).contiguous()
+
+
+def _refuse_host_mask_in_capture(view):
+    """CudaError CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED while CUDA ``view``'s
+    stream captures: a mask in a CPU tensor or NumPy array decides the
+    result's shape now, so a graph would silently keep this mask."""
+    dev = view._device_index
+    refuse_in_capture(dev, current_stream_handle_of(dev), (
+        "a boolean mask in a CPU tensor or NumPy array cannot index a CUDA tensor inside a CUDA graph capture: "
+        "the mask's values decide the result's shape when the call is made, so the graph would keep this mask "
+        "whatever the tensor holds at a replay; give the mask as a Python list (copied into the graph), or "
+        "use where() with a CUDA mask"))
 
 
 def _check_host_bounds(ix, size, dim):
@@ -174,11 +195,14 @@ def getitem(t, index):
     basic, adv_ix, dim = _split(t, index)
     view = basic_getitem(t, basic)
     ix, on_host = _index_tensor(adv_ix, view._device_index)
+    literal = is_literal(adv_ix)
     if ix.dtype is dt.bool_:
+        if ix.is_cpu and view.is_cuda and not literal:
+            _refuse_host_mask_in_capture(view)
         view, host_idx = _mask_to_indices(ix, view, dim)
         out_idx_shape = (len(host_idx),)
         ix = tensor(host_idx)
-        on_host = True
+        on_host = literal = True
     else:
         out_idx_shape = ix.shape
     if view.ndim <= dim:
@@ -192,7 +216,7 @@ def getitem(t, index):
     if view.is_cpu:
         a = np.take(view.numpy(), flat.numpy().astype(np.int64), axis=dim)
         return tensor(a.reshape(final_shape), dtype=view.dtype)
-    idx = flat.to(dt.int64).to(view.device).contiguous()
+    idx = _index_on_device(flat, view, literal)
     out = empty(out_shape, dtype=view.dtype, device=view.device)
     _run("gather", view, dim, idx, out)
     return out.view(final_shape)
@@ -202,6 +226,7 @@ def setitem(t, index, value):
     basic, adv_ix, dim = _split(t, index)
     view = basic_getitem(t, basic)
     ix, on_host = _index_tensor(adv_ix, view._device_index)
+    literal = is_literal(adv_ix)
     scalar = isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)
     if ix.dtype is dt.bool_ and scalar and ix.shape == view.shape[dim:dim + ix.ndim] and dim == 0 \
             and ix._device_index == view._device_index:
@@ -210,13 +235,17 @@ def setitem(t, index, value):
         where(m, value, view, out=view)
         return
     if ix.dtype is dt.bool_:
+        if ix.is_cpu and view.is_cuda and not literal:
+            _refuse_host_mask_in_capture(view)
         view, host_idx = _mask_to_indices(ix, view, dim)
         ix = tensor(host_idx)
-        on_host = True
+        on_host = literal = True
     size = view.shape[dim]
     if on_host:
         _check_host_bounds(ix, size, dim)
     flat = ix.reshape(-1)
+    # the index first: a host index a capture refuses is refused before any GPU work
+    idx = None if view.is_cpu else _index_on_device(flat, view, literal)
     shape = view.shape[:dim] + (flat.numel(),) + view.shape[dim + 1:]
     src = empty(shape, dtype=view.dtype, device=view.device)
     if scalar:
@@ -227,13 +256,12 @@ def setitem(t, index, value):
             vshape = view.shape[:dim] + tuple(ix.shape) + view.shape[dim + 1:]
             if v.ndim and v.shape == vshape:
                 v = v.reshape(shape)
-        src.copy_(v)
+        copy_into(src, v, literal=is_literal(value))
     if view.is_cpu:
         a = view.numpy()
         sl = (slice(None),) * dim
         a[sl + (flat.numpy().astype(np.int64),)] = src.numpy()
         return
-    idx = flat.to(dt.int64).to(view.device).contiguous()
     _run("scatter", view, dim, idx, src)
 
 

@@ -13,14 +13,15 @@ from tensorplay import _dtypes as dt
 from tensorplay._device import device as _device_cls
 from tensorplay._kernels import cache as _kernels
 from tensorplay._tensor.args import numpy_data, parse_size, resolve_device, resolve_dtype
-from tensorplay._tensor.tensor import Tensor, empty_cuda, new_cpu
+from tensorplay._driver.pinned import pinned_memory_of
+from tensorplay._tensor.tensor import Tensor, copy_into, empty_cuda, empty_host, is_literal, new_cpu
 from tensorplay._tensor.transfer import refuse_large_upload_in_capture, upload
 
 __all__ = ["tensor", "empty", "zeros", "ones", "full", "arange", "empty_like", "zeros_like", "ones_like", "full_like",
            "from_numpy", "is_tensor", "like_dtype_device", "arange_length", "arange_kernel_args"]
 
 
-def tensor(data, *, dtype=None, device=None):
+def tensor(data, *, dtype=None, device=None, pin_memory=False):
     """Make a new tensor holding a copy of ``data``.
 
     As ``torch.tensor``: Python floats give float32, ints int64, bools bool;
@@ -35,7 +36,6 @@ def tensor(data, *, dtype=None, device=None):
     to ±inf past their range. NumPy arrays and tensors given with another
     dtype are cast silently, as :meth:`Tensor.to` casts.
 
-
     Parameters
     ----------
     data : object
@@ -45,6 +45,10 @@ def tensor(data, *, dtype=None, device=None):
     device : device, str, int or None, optional
         Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
         index or a :class:`device`.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -64,18 +68,31 @@ def tensor(data, *, dtype=None, device=None):
         If ``data`` holds something other than numbers (strings, None,
         complex numbers), or ``dtype`` is not a dtype.
     CudaError
-        ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for more than 4096 bytes of
-        host data inside a CUDA graph capture (before any GPU work; the
-        capture stays usable).
+        ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` inside a CUDA graph
+        capture for more than 4096 bytes of numbers and sequences, and for
+        a CPU tensor or NumPy array in pageable memory (before any GPU
+        work; the capture stays usable). Host data follows the rule of
+        :meth:`Tensor.copy_`.
     """
     dev = resolve_device(device)
+    _check_pin_memory(pin_memory, dev)
     if isinstance(data, Tensor):
         # a copy on the device where it can be: capturable for CUDA data
         d = data.dtype if dtype is None else dt.as_dtype(dtype)
-        return data.to(dtype=d, device=_device_cls("cpu") if dev < 0 else _device_cls("cuda", dev), copy=True)
+        out = data.to(dtype=d, device=_device_cls("cpu") if dev < 0 else _device_cls("cuda", dev), copy=True)
+        return out.pin_memory() if pin_memory else out
     arr, d = numpy_data(data, dtype)
     if dev < 0:
+        if pin_memory:
+            out = empty_host(arr.shape, d, pin_memory=True)
+            out._array[...] = arr
+            return out
         return new_cpu(np.array(arr, copy=True), d)
+    if not is_literal(data):
+        # a NumPy array: by the host-data rule of copy_ (from pinned memory
+        # with a cast on the device, pageable memory refused in a capture)
+        src = data if pinned_memory_of(data) is not None else arr
+        return copy_into(empty_cuda(arr.shape, d, dev), src, literal=False)
     refuse_large_upload_in_capture(arr.nbytes, dev)
     out = empty_cuda(arr.shape, d, dev)
     upload(out, np.ascontiguousarray(arr))
@@ -106,7 +123,7 @@ def from_numpy(ndarray):
     return new_cpu(array)
 
 
-def empty(*size, dtype=None, device=None):
+def empty(*size, dtype=None, device=None, pin_memory=False):
     """Make a tensor of shape ``size`` without initialising its elements.
 
     CUDA memory comes from the caching allocator, ordered on the current
@@ -121,6 +138,10 @@ def empty(*size, dtype=None, device=None):
     device : device, str, int or None, optional
         Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
         index or a :class:`device`.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -130,12 +151,21 @@ def empty(*size, dtype=None, device=None):
     shape = parse_size(size)
     d = resolve_dtype(dtype)
     dev = resolve_device(device)
+    _check_pin_memory(pin_memory, dev)
     if dev < 0:
-        return new_cpu(np.empty(shape, dtype=d.numpy_dtype), d)
+        return empty_host(shape, d, pin_memory)
     return empty_cuda(shape, d, dev)
 
 
-def zeros(*size, dtype=None, device=None):
+def _check_pin_memory(pin_memory, dev):
+    """RuntimeError for ``pin_memory=True`` with CUDA device index ``dev``
+    (as PyTorch: only CPU tensors are pinned)."""
+    if pin_memory and dev >= 0:
+        raise RuntimeError(f"pin_memory=True makes a CPU tensor in page-locked host memory; it cannot be "
+                           f"used with device 'cuda:{dev}'")
+
+
+def zeros(*size, dtype=None, device=None, pin_memory=False):
     """Make a tensor of shape ``size`` filled with zeros.
 
     On CUDA the memory is cleared with cuMemsetD8Async on the current stream.
@@ -149,17 +179,21 @@ def zeros(*size, dtype=None, device=None):
     device : device, str, int or None, optional
         Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
         index or a :class:`device`.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
     Tensor
         The new tensor.
     """
-    t = empty(*size, dtype=dtype, device=device)
+    t = empty(*size, dtype=dtype, device=device, pin_memory=pin_memory)
     return t.zero_()
 
 
-def ones(*size, dtype=None, device=None):
+def ones(*size, dtype=None, device=None, pin_memory=False):
     """Make a tensor of shape ``size`` filled with ones.
 
     Parameters
@@ -171,16 +205,20 @@ def ones(*size, dtype=None, device=None):
     device : device, str, int or None, optional
         Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
         index or a :class:`device`.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
     Tensor
         The new tensor.
     """
-    return empty(*size, dtype=dtype, device=device).fill_(1)
+    return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(1)
 
 
-def full(size, fill_value, *, dtype=None, device=None):
+def full(size, fill_value, *, dtype=None, device=None, pin_memory=False):
     """Make a tensor of shape ``size`` filled with ``fill_value``.
 
     Parameters
@@ -194,6 +232,10 @@ def full(size, fill_value, *, dtype=None, device=None):
     device : device, str, int or None, optional
         Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
         index or a :class:`device`.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -214,10 +256,10 @@ def full(size, fill_value, *, dtype=None, device=None):
             dtype = dt.default_float
     if isinstance(size, numbers.Integral):
         size = (size,)
-    return empty(size, dtype=dtype, device=device).fill_(fill_value)
+    return empty(size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(fill_value)
 
 
-def arange(start, end=None, step=1, *, dtype=None, device=None):
+def arange(start, end=None, step=1, *, dtype=None, device=None, pin_memory=False):
     """Make a 1-D tensor of the values from ``start`` up to (not including) ``end`` by ``step``.
 
     ``arange(n)`` counts from 0 to ``n - 1``. The values are NumPy's:
@@ -240,6 +282,10 @@ def arange(start, end=None, step=1, *, dtype=None, device=None):
     device : device, str, int or None, optional
         Where: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:1"``, a device
         index or a :class:`device`.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -268,10 +314,12 @@ def arange(start, end=None, step=1, *, dtype=None, device=None):
     if n:
         kind, expr, scalars = arange_kernel_args(start, step, d)    # checks the values on both paths
     dev = resolve_device(device)
+    _check_pin_memory(pin_memory, dev)
     if dev < 0:
         work = np.float64 if d.kind == "f" else np.int64
         with np.errstate(over="ignore"):         # the cast wraps or saturates, as on the GPU
-            return new_cpu(np.arange(start, end, step, dtype=work).astype(d.numpy_dtype), d)
+            out = new_cpu(np.arange(start, end, step, dtype=work).astype(d.numpy_dtype), d)
+        return out.pin_memory() if pin_memory else out
     out = empty_cuda((n,), d, dev)
     if n:
         _kernels.launch_elementwise(("arange", kind), expr, out, (), (), scalars, (kind,) * len(scalars))
@@ -341,7 +389,7 @@ def like_dtype_device(t, dtype, device, what=None):
     return (t.dtype if dtype is None else dtype), (t.device if device is None else device)
 
 
-def empty_like(input, *, dtype=None, device=None):
+def empty_like(input, *, dtype=None, device=None, pin_memory=False):
     """Make a tensor of ``input``'s shape without initialising its elements.
 
     Parameters
@@ -352,6 +400,10 @@ def empty_like(input, *, dtype=None, device=None):
         Default ``input.dtype``.
     device : device, str, int or None, optional
         Default ``input.device``.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -359,10 +411,10 @@ def empty_like(input, *, dtype=None, device=None):
         The new tensor.
     """
     d, dev = like_dtype_device(input, dtype, device)
-    return empty(input.shape, dtype=d, device=dev)
+    return empty(input.shape, dtype=d, device=dev, pin_memory=pin_memory)
 
 
-def zeros_like(input, *, dtype=None, device=None):
+def zeros_like(input, *, dtype=None, device=None, pin_memory=False):
     """Make a tensor of ``input``'s shape filled with zeros.
 
     Parameters
@@ -373,6 +425,10 @@ def zeros_like(input, *, dtype=None, device=None):
         Default ``input.dtype``.
     device : device, str, int or None, optional
         Default ``input.device``.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -380,10 +436,10 @@ def zeros_like(input, *, dtype=None, device=None):
         The new tensor.
     """
     d, dev = like_dtype_device(input, dtype, device)
-    return zeros(input.shape, dtype=d, device=dev)
+    return zeros(input.shape, dtype=d, device=dev, pin_memory=pin_memory)
 
 
-def ones_like(input, *, dtype=None, device=None):
+def ones_like(input, *, dtype=None, device=None, pin_memory=False):
     """Make a tensor of ``input``'s shape filled with ones.
 
     Parameters
@@ -394,6 +450,10 @@ def ones_like(input, *, dtype=None, device=None):
         Default ``input.dtype``.
     device : device, str, int or None, optional
         Default ``input.device``.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -401,10 +461,10 @@ def ones_like(input, *, dtype=None, device=None):
         The new tensor.
     """
     d, dev = like_dtype_device(input, dtype, device)
-    return ones(input.shape, dtype=d, device=dev)
+    return ones(input.shape, dtype=d, device=dev, pin_memory=pin_memory)
 
 
-def full_like(input, fill_value, *, dtype=None, device=None):
+def full_like(input, fill_value, *, dtype=None, device=None, pin_memory=False):
     """Make a tensor of ``input``'s shape filled with ``fill_value``.
 
     Parameters
@@ -417,6 +477,10 @@ def full_like(input, fill_value, *, dtype=None, device=None):
         Default ``input.dtype``.
     device : device, str, int or None, optional
         Default ``input.device``.
+    pin_memory : bool, optional
+        Make a CPU tensor in page-locked (pinned) host memory, as
+        :meth:`Tensor.pin_memory` does (RuntimeError with a CUDA device,
+        CudaUnavailableError without a GPU).
 
     Returns
     -------
@@ -424,7 +488,7 @@ def full_like(input, fill_value, *, dtype=None, device=None):
         The new tensor.
     """
     d, dev = like_dtype_device(input, dtype, device)
-    return full(input.shape, fill_value, dtype=d, device=dev)
+    return full(input.shape, fill_value, dtype=d, device=dev, pin_memory=pin_memory)
 
 
 def is_tensor(obj):

@@ -16,20 +16,22 @@ import pickle
 import numpy as np
 
 from tensorplay import _dtypes as dt
-from tensorplay._memory.allocator import allocate
+from tensorplay._memory.allocator import allocate, note_capture_use
 from tensorplay._driver.context import device_index as cuda_device_index
 from tensorplay._device import device as _device_cls
 from tensorplay._tensor.dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from tensorplay._kernels import cache as _kernels
 from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtod_async, memset_d8_async, refuse_in_capture
+from tensorplay._driver.pinned import copy_to_device, empty_pinned, pinned_memory_of
 from tensorplay._driver.stream import Event, ExternalStream, current_stream, current_stream_handle_of
-from tensorplay._tensor.args import (broadcast_strides, cast_array, cast_into, check_value, contiguous_strides,
-                                     normalize_dim, numpy_data, overlaps, resolve_device)
+from tensorplay._tensor.args import (broadcast_strides, byte_span, cast_array, cast_into, check_value,
+                                     contiguous_strides, normalize_dim, numpy_data, overlaps, resolve_device)
 from tensorplay._tensor.base import TensorBase
-from tensorplay._tensor.transfer import (download, foreign_converter, peer_copy, refuse_large_upload_in_capture,
-                                         upload)
+from tensorplay._tensor.transfer import (download, foreign_converter, peer_copy, refuse_host_array_in_capture,
+                                         refuse_large_upload_in_capture, upload)
 
-__all__ = ["Tensor", "new_cpu", "new_cuda", "empty_cuda", "view_of", "as_source", "copy_into", "rebuild_tensor"]
+__all__ = ["Tensor", "new_cpu", "new_cuda", "empty_cuda", "empty_host", "view_of", "as_source", "is_literal",
+           "copy_into", "host_to_cuda", "rebuild_tensor"]
 
 
 # ------------------------------------------------------------------ tensor objects
@@ -58,10 +60,18 @@ def empty_cuda(shape, dtype, device):
     return new_cuda(storage, storage.ptr, shape, contiguous_strides(shape), dtype, device)
 
 
+def empty_host(shape, dtype, pin_memory=False):
+    """An uninitialised contiguous CPU tensor, in page-locked memory when
+    ``pin_memory`` (CudaUnavailableError without a GPU)."""
+    if pin_memory:
+        return new_cpu(empty_pinned(shape, dtype.numpy_dtype), dtype)
+    return new_cpu(np.empty(shape, dtype=dtype.numpy_dtype), dtype)
+
+
 def _empty(shape, dtype, dev):
     """An uninitialised tensor on the CPU (``dev`` -1) or CUDA device index ``dev``."""
     if dev < 0:
-        return new_cpu(np.empty(shape, dtype=dtype.numpy_dtype), dtype)
+        return empty_host(shape, dtype)
     return empty_cuda(shape, dtype, dev)
 
 
@@ -89,8 +99,29 @@ def as_source(src):
     raise TypeError(f"cannot copy from {type(src).__name__}")
 
 
-def copy_into(dst, src):
-    """``dst.copy_(src)``: any device pair, dtype casts, broadcasting, strides."""
+def is_literal(src):
+    """True for host data whose values cannot change after the call that
+    takes it (numbers, NumPy scalars, lists and tuples), which a CUDA graph
+    capture may copy into the graph; False for tensors, NumPy arrays and
+    foreign arrays, whose memory the caller keeps and may change before a
+    replay."""
+    return isinstance(src, (numbers.Number, np.generic, list, tuple))
+
+
+def copy_into(dst, src, non_blocking=False, literal=None):
+    """``dst.copy_(src)``: any device pair, dtype casts, broadcasting, strides.
+
+    Host data bound for CUDA goes by what it is. From pinned memory: a
+    cuMemcpyHtoDAsync that a capture records as a node reading the host
+    buffer at every replay (see _from_pinned). Literals (``literal``, by
+    default is_literal(src)): in kernel parameters up to
+    PARAM_UPLOAD_MAX_BYTES, which a capture holds, larger ones only outside
+    a capture. Other host memory (pageable CPU tensors and NumPy arrays):
+    refused inside a capture (refuse_host_array_in_capture), uploaded as
+    literals are outside one.
+    """
+    if literal is None:
+        literal = is_literal(src)
     src = as_source(src)
     shape = dst.shape
     if src.shape != shape:
@@ -99,14 +130,24 @@ def copy_into(dst, src):
         cast_into(dst._array, src._array if src.is_cpu else download(src))
         return dst
     dev = dst._device_index
+    if src.is_cpu and not literal:
+        mem = pinned_memory_of(src._array)
+        if mem is not None:
+            src = _from_pinned(dst, src, mem, non_blocking)
+            if src is None:
+                return dst
+        else:
+            refuse_host_array_in_capture(dev)    # not capturing: no size check below
     if src.is_cpu:
         host = src._array
         if src.shape == shape and dst.is_contiguous():
-            refuse_large_upload_in_capture(dst.nbytes, dev)
+            if literal:
+                refuse_large_upload_in_capture(dst.nbytes, dev)
             upload(dst, np.ascontiguousarray(cast_array(host, dst.dtype)))
             return dst
         # uploaded as it is, then cast, broadcast and laid out on the device
-        refuse_large_upload_in_capture(src.nbytes, dev)
+        if literal:
+            refuse_large_upload_in_capture(src.nbytes, dev)
         tmp = empty_cuda(src.shape, src.dtype, dev)
         upload(tmp, np.ascontiguousarray(host))
         src = tmp
@@ -124,6 +165,50 @@ def copy_into(dst, src):
             or not _kernels.launch_tiled_copy(dst, src, src_strides)):
         _kernels.launch_elementwise("copy", "a0", dst, (src,), (src_strides,))
     return dst
+
+
+def _from_pinned(dst, src, mem, non_blocking):
+    """Copy CPU ``src``, on pinned memory ``mem``, toward CUDA ``dst`` with
+    cuMemcpyHtoDAsync on the current stream: straight into ``dst`` when the
+    dtypes, shapes and row-major layouts match (None returned); otherwise
+    the bytes ``src`` spans go into a temporary on dst's device, returned as
+    a CUDA tensor of src's layout for the cast and broadcast kernel.
+
+    Inside a capture the copy becomes a graph node that reads the host
+    buffer at every replay, and the graph keeps ``mem`` alive
+    (note_capture_use). Outside one, ``non_blocking`` returns at once (mem
+    outlives the copy: it records the stream), otherwise the stream is
+    waited for, so the host may change the buffer on return."""
+    dev = dst._device_index
+    stream = current_stream_handle_of(dev)
+    if src.numel() == 0:
+        return None
+    if src.shape == dst.shape and src.dtype is dst.dtype and src.is_contiguous() and dst.is_contiguous():
+        out, target, nbytes, first = None, dst.data_ptr(), dst.nbytes, src.data_ptr()
+    else:
+        first, end = byte_span(src)
+        nbytes = end - first
+        storage = allocate(nbytes, dev, stream)
+        out = new_cuda(storage, storage.ptr + (src.data_ptr() - first), src.shape, src.strides, src.dtype, dev)
+        target = storage.ptr
+    if copy_to_device(mem, target, first, nbytes, dev, stream, not non_blocking):
+        note_capture_use(mem)
+    return out
+
+
+def host_to_cuda(t, dev, literal, dtype=None):
+    """CPU tensor ``t`` as a new contiguous CUDA tensor on device ``dev``
+    (of ``dtype``, default t's), by the host-data rule of copy_into:
+    ``literal`` says whether ``t`` was made from a literal (numbers, lists)
+    inside the library, so that a capture may copy its values into the
+    graph."""
+    d = dtype or t.dtype
+    # refused before allocating, as copy_into would refuse it after
+    if literal:
+        refuse_large_upload_in_capture(t.numel() * d.itemsize, dev)
+    elif pinned_memory_of(t._array) is None:
+        refuse_host_array_in_capture(dev)
+    return copy_into(empty_cuda(t.shape, d, dev), t, literal=literal)
 
 
 def _to_device(src, dev):
@@ -319,10 +404,51 @@ class Tensor(TensorBase):
         """Return a CPU copy (self when already on the CPU)."""
         return self if self.is_cpu else self.to("cpu")
 
-    def cuda(self, device=None):
-        """Return a copy on CUDA device ``device`` (default: current); self when already there."""
+    def cuda(self, device=None, non_blocking=False):
+        """Return a copy on CUDA device ``device`` (default: current); self when
+        already there. ``non_blocking`` as in :meth:`to`."""
         idx = cuda_device_index(device)
-        return self.to(_device_cls("cuda", idx))
+        return self.to(_device_cls("cuda", idx), non_blocking=non_blocking)
+
+    def pin_memory(self):
+        """Return a copy in page-locked (pinned) host memory; self when already pinned.
+
+        Copies from pinned memory to a GPU run asynchronously with
+        ``non_blocking=True`` (:meth:`to`, :meth:`copy_`), and inside a CUDA
+        graph capture they become copies that read the host memory again at
+        every replay: change the pinned tensor's values between replays and
+        each replay sees the new ones. The memory is page-locked with
+        cuMemHostAlloc (usable by every device) and freed when the last
+        tensor over it is gone and the GPU work reading it has run; each
+        call pins a new buffer (there is no cache of pinned buffers), so pin
+        once and reuse the tensor.
+
+        Returns
+        -------
+        Tensor
+            A contiguous CPU tensor of the same values, dtype and shape.
+
+        Raises
+        ------
+        RuntimeError
+            For a CUDA tensor (only CPU tensors can be pinned).
+        CudaUnavailableError
+            Without a usable GPU: pinning host memory needs the CUDA driver.
+        """
+        if self.is_cuda:
+            raise RuntimeError(f"cannot pin a CUDA tensor (on {self.device}): only CPU tensors can be pinned; "
+                               f"pin_memory() copies a CPU tensor into page-locked host memory")
+        if self.is_pinned():
+            return self
+        out = empty_host(self.shape, self.dtype, pin_memory=True)
+        out._array[...] = self._array
+        return out
+
+    def is_pinned(self):
+        """Return True for a CPU tensor in page-locked (pinned) host memory
+        (:meth:`pin_memory`, ``pin_memory=True``); False otherwise, also for
+        CUDA tensors and without a GPU."""
+        return self.is_cpu and pinned_memory_of(self._array) is not None
 
     def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
         """Return this tensor on another device and/or with another dtype.
@@ -342,13 +468,24 @@ class Tensor(TensorBase):
         copy : bool, optional
             Copy even when nothing changes.
         non_blocking : bool, optional
-            Accepted for PyTorch compatibility; copies are always ordered
-            on the current stream.
+            For a pinned CPU tensor (:meth:`pin_memory`) copied to CUDA:
+            return as soon as the copy is queued on the current stream,
+            as PyTorch does (its memory is kept until the copy has run;
+            change its values only after waiting for the stream). Other
+            copies behave the same either way: ordered on the current
+            stream, and copies to the host wait for it.
 
         Returns
         -------
         Tensor
             ``self`` when nothing changes and ``copy`` is False, else a new tensor.
+
+        Raises
+        ------
+        CudaError
+            ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` for a CPU tensor in
+            pageable memory copied to CUDA inside a CUDA graph capture
+            (see :meth:`copy_`).
 
         Notes
         -----
@@ -377,9 +514,9 @@ class Tensor(TensorBase):
             dev = resolve_device(device)
         if not copy and d is self.dtype and dev == self._device_index:
             return self
-        if self.is_cpu and dev >= 0:
-            refuse_large_upload_in_capture(self.numel() * d.itemsize, dev)    # before allocating
-        return copy_into(_empty(self.shape, d, dev), self)
+        if self.is_cpu and dev >= 0 and pinned_memory_of(self._array) is None:
+            refuse_host_array_in_capture(dev)    # before allocating
+        return copy_into(_empty(self.shape, d, dev), self, non_blocking)
 
     def clone(self):
         """Return a contiguous copy on the same device."""
@@ -395,11 +532,27 @@ class Tensor(TensorBase):
         Any device pair, dtype casts, broadcasting of ``src`` to this shape
         and any layout. Asynchronous on the current stream for CUDA
         destinations (cuMemcpyAsync for contiguous same-dtype copies, a
-        generated copy kernel otherwise). Host data of up to 4096 bytes is
-        written by a kernel carrying it in its parameters, which a CUDA
-        graph capture can hold; larger host data is copied with
-        cuMemcpyHtoDAsync and raises CudaError
-        (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) inside a capture.
+        generated copy kernel otherwise).
+
+        Host data reaches a CUDA tensor by what it is; inside a CUDA graph
+        capture that decides what a replay copies:
+
+        - a CPU tensor in pinned memory (:meth:`pin_memory`,
+          ``pin_memory=True``), or a NumPy array over one: cuMemcpyHtoDAsync
+          from it. A capture records the copy, so every replay reads the
+          host memory again (the graph keeps it alive); with
+          ``non_blocking=True`` the call returns without waiting;
+        - Python numbers, NumPy scalars, lists and tuples: up to 4096 bytes
+          are written by a kernel carrying them in its parameters, so a
+          capture copies these values into the graph; more raise CudaError
+          (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``) inside a capture;
+        - any other CPU tensor or NumPy array (pageable memory): copied
+          outside a capture; inside one it raises CudaError
+          (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``), whatever its size,
+          before any GPU work (the capture stays usable), since a graph
+          cannot read pageable memory at replay and would silently keep
+          today's values. Pin it, or copy it into a CUDA tensor before the
+          capture.
 
         Values of another dtype are cast silently, by the rule of
         :meth:`to`, on the CPU and on CUDA alike.
@@ -410,14 +563,16 @@ class Tensor(TensorBase):
             The values; NumPy arrays, sequences, numbers and objects with
             ``__cuda_array_interface__`` or ``__dlpack__`` are accepted.
         non_blocking : bool, optional
-            Accepted for PyTorch compatibility.
+            From pinned host memory to CUDA: return once the copy is
+            queued (change the source only after waiting for the current
+            stream). Other copies behave the same either way.
 
         Returns
         -------
         Tensor
             ``self``.
         """
-        return copy_into(self, src)
+        return copy_into(self, src, non_blocking)
 
     def fill_(self, value):
         """Fill this tensor with ``value``, in place.

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Moving tensor data between the host and the devices: uploads (in kernel
-parameters or by cuMemcpyHtoDAsync), downloads, peer copies,
-``tensorplay.cuda.synchronize``, and the two things the tensor core receives
-from the floors above it.
+parameters or by cuMemcpyHtoDAsync) and what a capture refuses of them,
+downloads, peer copies, ``tensorplay.cuda.synchronize``, and the two things
+the tensor core receives from the floors above it. Copies from pinned host
+memory are tensorplay._driver.pinned's (see tensor.copy_into).
 
 What the tensor core receives from above
 ----------------------------------------
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
     from tensorplay._device import DeviceLike
 
 __all__ = ["register_device_error_check", "run_device_error_checks", "register_foreign_converter",
-           "foreign_converter", "synchronize", "upload", "refuse_large_upload_in_capture", "download", "peer_copy"]
+           "foreign_converter", "synchronize", "upload", "refuse_large_upload_in_capture",
+           "refuse_host_array_in_capture", "download", "peer_copy"]
 
 
 # ------------------------------------------------------------------ what comes from above
@@ -96,6 +98,21 @@ def refuse_large_upload_in_capture(nbytes, dev):
             f"up to {PARAM_UPLOAD_MAX_BYTES} bytes travel inside the graph (in kernel parameters), "
             f"larger data needs a copy from pageable host memory, which a graph cannot hold; "
             f"create the tensor before the capture, or copy the data into a CUDA tensor made before it"))
+
+
+def refuse_host_array_in_capture(dev):
+    """Raise CudaError CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, before any GPU
+    work, while the current stream of device ``dev`` captures: a CPU tensor
+    or NumPy array in pageable memory can change after the capture, and a
+    graph cannot read pageable memory when it replays (PyTorch refuses it
+    too). Pinned host memory is read at every replay instead; Python numbers
+    and lists, which cannot change, are copied into the graph."""
+    refuse_in_capture(dev, current_stream_handle_of(dev), (
+        "a CPU tensor or NumPy array in pageable memory cannot be copied to the GPU inside a CUDA graph "
+        "capture: the graph would replay the values it holds now, not the ones it holds at each replay; "
+        "pin it (tensor.pin_memory(), or pin_memory=True when making it) so that every replay reads it "
+        "again, or copy it into a CUDA tensor before the capture (Python numbers and lists are copied "
+        "into the graph as they are)"))
 
 
 def download(src):

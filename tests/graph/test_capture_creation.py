@@ -4,8 +4,10 @@
 Each case runs eagerly first (kernels compile and load), is captured, its
 outputs are overwritten, and the graph is replayed: the replay alone must
 write the right values, which are compared with NumPy and with the eager
-run. Host data used in a capture is baked into the graph: it is deleted or
-changed before the replays.
+run. Literals (Python numbers, lists, tuples, NumPy scalars) used in a
+capture are copied into the graph: they are deleted or changed before the
+replays. CPU tensors and NumPy arrays are host memory the caller may change:
+tests/graph/test_capture_pinned.py has what a capture does with them.
 """
 
 import gc
@@ -137,19 +139,20 @@ def test_empty_and_like_forms_with_overrides_inside_a_capture():
 # ------------------------------------------------------------------ small host data
 
 def _host_cases():
-    """Fresh host objects each call: the capture's must not be the eager run's."""
+    """Fresh host literals each call: the capture's must not be the eager run's."""
     rng = np.random.default_rng(7)
     return {
         "scalar": 3.0,
+        "np_scalar": np.float32(2.5),
         "list": [1, 2, 3],
         "nested": [[True, False], [False, True]],
         "index": [0, 2, 3],
-        "np_index": np.array([1, 3], dtype=np.int32),
-        "np_operand": rng.standard_normal((4, 2)).astype(np.float32),
+        "tuple_values": (5, 6, 7),
+        "list_index": [1, 3],
+        "nested_operand": rng.standard_normal((4, 2)).tolist(),
         "list_operand": [2.0, -1.0],
-        "copy": rng.standard_normal((4, 2)).astype(np.float64),
+        "copy": rng.standard_normal((4, 2)).tolist(),
         "row": [10.0, 20.0],
-        "cpu": tp.tensor([5, 6, 7], dtype=tp.int16),
         "mask": [True, False, True, True],
         "set_index": [1, 2],
         "set_values": [[-1.0, -2.0], [-3.0, -4.0]],
@@ -170,10 +173,10 @@ def test_small_host_data_inside_a_capture_is_baked_into_the_graph():
         scattered = x.clone()
         scattered[h["set_index"]] = h["set_values"]
         return (tp.tensor(h["scalar"], device="cuda"), tp.tensor(h["list"], device="cuda"),
-                tp.tensor(h["nested"], device="cuda"), x[h["index"]], x[h["np_index"]],
-                x + h["np_operand"], x * h["list_operand"], copied, broadcast, into_view, scattered,
-                tp.as_tensor(h["list"], device="cuda"), h["cpu"].cuda(), h["cpu"].to("cuda", tp.float64),
-                tp.where(h["mask"], x[:, 0], 0.0))                       # a host list as the condition
+                tp.tensor(h["nested"], device="cuda"), x[h["index"]], x[h["list_index"]],
+                x + h["nested_operand"], x * h["list_operand"], copied, broadcast, into_view, scattered,
+                tp.as_tensor(h["list"], device="cuda"), tp.tensor(h["tuple_values"], dtype=tp.int16, device="cuda"),
+                x * h["np_scalar"], tp.where(h["mask"], x[:, 0], 0.0))   # a host list as the condition
 
     eager = [t.numpy().copy() for t in fn(_host_cases())]
     tp.cuda.synchronize()
@@ -181,8 +184,8 @@ def test_small_host_data_inside_a_capture_is_baked_into_the_graph():
     g = CUDAGraph()
     with tp.cuda.graph(g):
         outs = fn(h)
-    h["np_operand"][:] = 999                  # changed and dropped: the graph holds its own copy
-    h["copy"][:] = -999
+    h["nested_operand"][0][0] = 999           # changed and dropped: the graph holds its own copy
+    h["copy"][1][1] = -999
     h["list"].append(4)
     del h
     gc.collect()
@@ -193,9 +196,9 @@ def test_small_host_data_inside_a_capture_is_baked_into_the_graph():
     view = np.zeros((4, 2), np.float32)
     view[1:3] = c["set_values"]
     want = [np.array(3.0, np.float32), np.array([1, 2, 3]), np.array(c["nested"]), xs[c["index"]], xs[[1, 3]],
-            xs + c["np_operand"], xs * np.float32([2.0, -1.0]), c["copy"].astype(np.float32),
+            xs + np.float32(c["nested_operand"]), xs * np.float32([2.0, -1.0]), np.float32(c["copy"]),
             np.broadcast_to(np.float32(c["row"]), (4, 2)), view, set_rows, np.array([1, 2, 3]),
-            np.array([5, 6, 7], np.int16), np.array([5, 6, 7], np.float64), np.where(m, xs[:, 0], 0).astype(np.float32)]
+            np.array([5, 6, 7], np.int16), xs * np.float32(2.5), np.where(m, xs[:, 0], 0).astype(np.float32)]
     for got, w in zip(eager, want):
         _exact(got, w)                                                   # outside a capture: the same
     _check_replays(g, outs, want, _exact)
@@ -209,29 +212,34 @@ def test_odd_sizes_and_alignments_of_every_small_dtype(d, rng):
     counts = [n for n in (1, 3, 7, 255 // d.itemsize, 256 // d.itemsize, 257, 1023, 1025)
               if n * d.itemsize <= PARAM_UPLOAD_MAX_BYTES]
     datas = [random_array(n, d, rng) for n in counts]
+    # Python lists of the values (exact: floats hold every element of these dtypes)
+    py = bool if d is tp.bool else (float if d.kind == "f" else int)
+    lists = [[py(v) for v in a] for a in datas]
+    # what copy_ of such a list writes: Python floats are float32, as in PyTorch
+    copied = [tp.tensor(v).numpy().astype(d.numpy_dtype) for v in lists]
     others = [~a if d is tp.bool else (a.astype(np.float64) + 1).astype(d.numpy_dtype) for a in datas]
     fence = float(random_array(1, d, rng)[0]) if d.kind == "f" else random_array(1, d, rng)[0].item()
     fences = np.array([fence, fence]).astype(d.numpy_dtype)
     bufs = [tp.full((n + 2,), fence, dtype=d, device="cuda") for n in counts]
 
-    def fn(arrays):
+    def fn(values):
         made = []
-        for buf, a in zip(bufs, arrays):
-            buf[1:1 + len(a)].copy_(a)
-            made.append(tp.tensor(a, device="cuda"))
+        for buf, v in zip(bufs, values):
+            buf[1:1 + len(v)].copy_(v)
+            made.append(tp.tensor(v, dtype=d, device="cuda"))
         return tuple(made)
 
     def check_buffers():
-        for b, n, a in zip(bufs, counts, datas):
+        for b, n, a in zip(bufs, counts, copied):
             got = b.numpy()
             _exact(got[1:1 + n], a)
             _exact(got[[0, n + 1]], fences)                              # the neighbours untouched
 
-    eager = [t.numpy().copy() for t in fn([a.copy() for a in datas])]
+    eager = [t.numpy().copy() for t in fn([list(v) for v in lists])]
     for got, a in zip(eager, datas):
         _exact(got, a)
     check_buffers()
-    host = [a.copy() for a in datas]
+    host = [list(v) for v in lists]
     tp.cuda.synchronize()
     g = CUDAGraph()
     with tp.cuda.graph(g):
@@ -253,15 +261,16 @@ def test_each_table_capacity_writes_exactly_its_bytes():
 def test_host_data_at_the_limit_is_captured_and_one_byte_over_is_refused_cleanly():
     at = (np.arange(PARAM_UPLOAD_MAX_BYTES) % 241).astype(np.uint8)
     over = (np.arange(PARAM_UPLOAD_MAX_BYTES + 1) % 239).astype(np.uint8)
+    at_l, over_l = at.tolist(), over.tolist()                            # literals: copied into a graph
     dst = tp.zeros(PARAM_UPLOAD_MAX_BYTES + 1, dtype=tp.uint8, device="cuda")
     x = tp.ones(600, device="cuda")
     tp.tensor(at, device="cuda") + 1                                     # warm up
     tp.cuda.synchronize()
     g = CUDAGraph()
     with tp.cuda.graph(g):
-        y = tp.tensor(at, device="cuda")                                 # exactly 4096 bytes: in parameters
-        for attempt in (lambda: tp.tensor(over, device="cuda"), lambda: dst.copy_(over),
-                        lambda: tp.tensor(over).to("cuda"), lambda: x[list(range(513))]):
+        y = tp.tensor(at_l, dtype=tp.uint8, device="cuda")               # exactly 4096 bytes: in parameters
+        for attempt in (lambda: tp.tensor(over_l, dtype=tp.uint8, device="cuda"), lambda: dst.copy_(over_l),
+                        lambda: x[list(range(513))]):
             with pytest.raises(tp.cuda.CudaError) as info:
                 attempt()
             assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
@@ -269,7 +278,9 @@ def test_host_data_at_the_limit_is_captured_and_one_byte_over_is_refused_cleanly
             assert "bytes of host data" in msg and f"up to {PARAM_UPLOAD_MAX_BYTES} bytes" in msg, msg
             assert "before the capture" in msg
         with pytest.raises(tp.cuda.CudaError, match="4097 bytes of host data"):
-            tp.tensor(over, device="cuda")
+            tp.tensor(over_l, dtype=tp.uint8, device="cuda")
+        with pytest.raises(tp.cuda.CudaError, match="pageable memory"):
+            tp.tensor(at, device="cuda")                                 # an array: refused at any size
         z = y + 1                                                        # the capture goes on
     assert not tp.cuda.is_current_stream_capturing()
     _check_replays(g, [y, z], [at, (at + 1).astype(np.uint8)], _exact)
@@ -285,7 +296,7 @@ def test_a_refused_upload_that_ends_the_capture_leaves_the_process_usable():
     g = CUDAGraph()
     with pytest.raises(tp.cuda.CudaError, match="8192 bytes of host data"):
         with tp.cuda.graph(g):
-            tp.tensor(big, device="cuda")
+            tp.tensor(big.tolist(), device="cuda")
     assert not tp.cuda.is_current_stream_capturing()
     t = tp.tensor(big, device="cuda")                                    # eager: cuMemcpyHtoDAsync
     with tp.cuda.graph(g):

@@ -5,8 +5,11 @@ The parameter tables of the small-host-data kernel (a pure function), which
 path each upload takes and what it carries (CUDA tensors faked as metadata
 over fake addresses, kernel launches and host copies recorded), that the
 creation ops make no host copy, and arange's length and kernel arguments
-against NumPy. The GPU runs the same paths for real in
-tests/graph/test_capture_creation.py.
+against NumPy; inside a capture, which host data is copied into the graph
+(literals), read at every replay (pinned memory, faked here as NumPy arrays
+the fake device calls pinned) or refused (pageable CPU tensors and NumPy
+arrays). The GPU runs the same paths for real in
+tests/graph/test_capture_creation.py and tests/graph/test_capture_pinned.py.
 """
 
 import ctypes
@@ -103,14 +106,47 @@ class FakeDevice:
         self.allocs = []           # shapes
         self.capture_checks = 0
         self.capturing = False
+        self.pinned = []           # the root arrays the fake calls pinned
+        self.pinned_copies = []    # (dst, src, nbytes, blocking) of cuMemcpyHtoDAsync from pinned memory
+        self.kept = []             # what a capture was asked to keep alive
         self._next = 0x7000_0000
 
-    def empty(self, shape, dtype, dev):
+    def _address(self, nbytes):
         ptr = self._next
+        self._next += (nbytes + 0x1FF) & ~0xFF
+        return ptr
+
+    def pin(self, array):
+        """A CPU tensor over ``array``, which the fake now calls pinned."""
+        self.pinned.append(array)
+        return tp.from_numpy(array)
+
+    def pinned_memory_of(self, array):
+        b = array
+        while b is not None:                     # views keep their base (as_strided's through an object)
+            if any(a is b for a in self.pinned):
+                return ("pinned", id(b))
+            b = getattr(b, "base", None)
+        return None
+
+    def copy_pinned(self, mem, dst, src, nbytes, dev, stream, blocking):
+        assert stream == STREAM and mem is not None
+        self.pinned_copies.append((dst, src, nbytes, blocking))
+        return self.capturing
+
+    def allocate(self, nbytes, dev, stream):
+        assert stream == STREAM
+        self.allocs.append(nbytes)
+
+        class Storage:
+            ptr = self._address(nbytes)
+        return Storage()
+
+    def empty(self, shape, dtype, dev):
         n = 1
         for s in shape:
             n *= s
-        self._next += (n * dtype.itemsize + 0x1FF) & ~0xFF
+        ptr = self._address(n * dtype.itemsize)
         self.allocs.append(tuple(shape))
         t = tp.Tensor.__new__(tp.Tensor)
         t._set_cuda(None, ptr, tuple(shape), _args.contiguous_strides(shape), dtype.code, dev)
@@ -174,6 +210,12 @@ def fake(monkeypatch):
         monkeypatch.setattr(mod, "memset_d8_async", lambda dst, v, n, d, s: dev.memsets.append((dst, v, n)))
     monkeypatch.setattr(_indexing, "_flags", {})
     monkeypatch.setattr(_indexing, "_pending", set())
+    for mod in (_tensor, _tensor_creation):
+        monkeypatch.setattr(mod, "pinned_memory_of", dev.pinned_memory_of)
+    monkeypatch.setattr(_tensor, "copy_to_device", dev.copy_pinned)
+    monkeypatch.setattr(_tensor, "allocate", dev.allocate)
+    monkeypatch.setattr(_tensor, "note_capture_use", dev.kept.append)
+    monkeypatch.setattr(_indexing, "refuse_in_capture", dev.refuse)
     return dev
 
 
@@ -190,7 +232,8 @@ def test_small_host_data_is_one_launch_carrying_its_bytes(fake, d, n, rng):
     assert t.is_cuda and t.shape == (n,) and t.dtype is d
     assert fake.writes() == [(t.data_ptr(), a.tobytes(), param_write_capacity(a.nbytes))]
     assert fake.kernels() == [] and fake.memcpys == []
-    assert fake.capture_checks == 0              # no driver query: it is capturable as it is
+    # one driver query: an array may change after a capture, which refuses it (see below)
+    assert fake.capture_checks == 1
 
 
 def test_python_numbers_and_lists_infer_dtypes_as_torch(fake):
@@ -219,7 +262,7 @@ def test_larger_host_data_is_copied_with_cumemcpyhtodasync_outside_a_capture(fak
 def test_host_data_at_the_limit_inside_a_capture_travels_in_parameters(fake):
     fake.capturing = True
     a = np.arange(1024, dtype=np.float32)        # exactly 4096 bytes
-    t = tp.tensor(a, device="cuda")
+    t = tp.tensor(a.tolist(), device="cuda")     # a list: its values cannot change, the graph keeps them
     assert fake.writes() == [(t.data_ptr(), a.tobytes(), 4096)] and fake.capture_checks == 0
 
 
@@ -232,7 +275,7 @@ def _assert_refused(info, nbytes):
 
 
 def test_larger_host_data_inside_a_capture_is_refused_before_any_gpu_work(fake):
-    big = np.ones(1025, np.float32)              # 4100 bytes
+    big = [1.0] * 1025                           # 4100 bytes of float32
     dst = fake.empty((1025,), tp.float32, 0)
     wide = fake.empty((4, 1025), tp.float32, 0)
     strided = fake.empty((2050,), tp.float32, 0)[::2]
@@ -249,11 +292,8 @@ def test_larger_host_data_inside_a_capture_is_refused_before_any_gpu_work(fake):
         wide.copy_(big)                          # broadcast: the source alone would be uploaded
     _assert_refused(info, 4100)
     with pytest.raises(tp.cuda.CudaError) as info:
-        strided.copy_(big.astype(np.float64))    # the source's own dtype travels: 8200 bytes
+        strided.copy_(list(range(1025)))         # the source's own dtype travels: 8200 bytes of int64
     _assert_refused(info, 8200)
-    with pytest.raises(tp.cuda.CudaError) as info:
-        tp.tensor(big).to("cuda")
-    _assert_refused(info, 4100)
     with pytest.raises(tp.cuda.CudaError) as info:
         x[list(range(513))]                      # 513 int64 indices
     _assert_refused(info, 4104)
@@ -507,5 +547,198 @@ def test_operand_checks_come_before_host_data_is_uploaded(fake):
     assert fake.launches == [] and fake.memcpys == []
     fake.capturing = True
     with pytest.raises(tp.cuda.CudaError, match="4800 bytes of host data"):
+        fake.empty((1200,), tp.float64, 0) + [1.0] * 1200          # float32, as in PyTorch
+    with pytest.raises(tp.cuda.CudaError, match="pageable memory"):
         fake.empty((600,), tp.float64, 0) + np.ones(600)
     assert fake.launches == []
+
+
+# ------------------------------------------------------------------ host arrays inside a capture
+
+def _pageable_calls(fake):
+    """(name, call, whether other work comes first) for each way a CPU tensor
+    or NumPy array in pageable memory reaches CUDA work; ops allocate their
+    result before their operands travel, and an advanced setitem uploads
+    its (literal) index before its values."""
+    x = fake.empty((4, 3), tp.float32, 0)
+    dst = fake.empty((3,), tp.float32, 0)
+    cpu = tp.tensor([1.0, 2.0, 3.0])
+    arr = np.array([1.0, 2.0, 3.0], np.float32)
+    idx = np.array([0, 2])
+    return [
+        ("copy_ from a CPU tensor", lambda: dst.copy_(cpu), False),
+        ("copy_ from an array", lambda: dst.copy_(arr), False),
+        ("copy_ broadcasting an array", lambda: x.copy_(arr), False),
+        ("copy_ of a cast", lambda: dst.copy_(arr.astype(np.float64)), False),
+        ("non_blocking copy_", lambda: dst.copy_(cpu, non_blocking=True), False),
+        ("to", lambda: cpu.to("cuda"), False),
+        ("to with a cast", lambda: cpu.to("cuda", tp.float64), False),
+        ("cuda", lambda: cpu.cuda(), False),
+        ("tensor of a CPU tensor", lambda: tp.tensor(cpu, device="cuda"), False),
+        ("tensor of an array", lambda: tp.tensor(arr, device="cuda"), True),
+        ("as_tensor of an array", lambda: tp.as_tensor(arr, device="cuda"), False),
+        ("an array operand", lambda: x + arr, True),
+        ("where with an array condition", lambda: tp.where(np.array([True, False, True]), x, 0.0), True),
+        ("an array index", lambda: x[idx], False),
+        ("a CPU tensor index", lambda: x[tp.tensor([0, 2])], False),
+        ("setitem at an array index", lambda: x.__setitem__(idx, 1.0), False),
+        ("setitem of array values", lambda: x.__setitem__([0, 1], np.ones((2, 3), np.float32)), True),
+        ("setitem of a slice from an array", lambda: x.__setitem__(slice(1, 2), arr), False),
+    ]
+
+
+def test_pageable_host_arrays_work_outside_a_capture(fake):
+    for name, call, _ in _pageable_calls(fake):
+        call()
+    assert fake.pinned_copies == [] and fake.kept == []
+
+
+def test_pageable_host_arrays_inside_a_capture_are_refused_before_any_gpu_work(fake):
+    """Whatever their size: a graph cannot read pageable memory at replay,
+    and copying today's values in would ignore later changes silently."""
+    calls = _pageable_calls(fake)
+    fake.capturing = True
+    for name, call, work_first in calls:
+        allocs, launches = len(fake.allocs), len(fake.launches)
+        with pytest.raises(tp.cuda.CudaError) as info:
+            call()
+        err = info.value
+        assert err.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", name
+        msg = str(err)
+        assert "pageable memory" in msg and "pin_memory()" in msg and "before the capture" in msg, (name, msg)
+        if not work_first:
+            assert (len(fake.allocs), len(fake.launches)) == (allocs, launches), name
+    assert fake.memcpys == [] and fake.device_copies == [] and fake.pinned_copies == []
+    assert [k[0] for k in fake.kernels()] == []  # at most the literal index's upload ran
+
+
+def test_a_host_mask_inside_a_capture_is_refused_as_it_decides_the_shape(fake):
+    x = fake.empty((4, 3), tp.float32, 0)
+    fake.capturing = True
+    for mask in (np.array([True, False, True, False]), tp.tensor([True, False, True, False]),
+                 fake.pin(np.array([True, False, True, False]))):
+        for call in (lambda: x[mask], lambda: x.__setitem__(mask, 1.0)):
+            with pytest.raises(tp.cuda.CudaError, match="boolean mask in a CPU tensor or NumPy array") as info:
+                call()
+            assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+    assert fake.launches == [] and fake.pinned_copies == []
+
+
+def test_literals_inside_a_capture_are_still_copied_into_the_graph(fake):
+    x = fake.empty((4, 3), tp.float32, 0)
+    dst = fake.empty((3,), tp.float32, 0)
+    fake.capturing = True
+    tp.tensor(3.0, device="cuda")
+    tp.tensor([1, 2, 3], device="cuda")
+    tp.tensor((1.5, 2.5), device="cuda")
+    tp.tensor(np.float32(2.0), device="cuda")
+    dst.copy_([1.0, 2.0, 3.0])
+    dst.copy_((4, 5, 6))
+    x.copy_([7.0, 8.0, 9.0])
+    x + [1.0, 2.0, 3.0]
+    x[[0, 2]]
+    x[[1, 3]] = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    x[[True, False, True, False]]
+    tp.where([True, False, True], x, 0.0)
+    n = len(fake.writes())
+    x * np.float32(2.0)                          # NumPy scalars stay kernel arguments
+    x + tp.tensor(2.0)                           # a 0-d CPU tensor is a scalar argument, as in PyTorch
+    assert len(fake.writes()) == n
+    assert fake.capture_checks == 0 and fake.memcpys == [] and fake.pinned_copies == [] and fake.kept == []
+    data = [w[1] for w in fake.writes()]
+    for want in (np.float32(3.0), np.array([1, 2, 3]), np.float32([1.5, 2.5]), np.float32([1, 2, 3]),
+                 np.float32([4, 5, 6]), np.float32([7, 8, 9]), np.array([0, 2]), np.array([1, 3]),
+                 np.float32([[1, 2, 3], [4, 5, 6]]), np.array([0, 2]), bytes([1, 0, 1])):
+        assert (want if isinstance(want, bytes) else want.tobytes()) in data, want
+
+
+def test_a_pinned_source_is_one_driver_copy_that_the_capture_keeps(fake):
+    dst = fake.empty((4,), tp.float32, 0)
+    a = np.arange(4, dtype=np.float32)
+    p = fake.pin(a)
+    dst.copy_(p)                                 # outside a capture: waits for the copy
+    dst.copy_(p, non_blocking=True)
+    assert fake.pinned_copies == [(dst.data_ptr(), a.ctypes.data, 16, True),
+                                  (dst.data_ptr(), a.ctypes.data, 16, False)]
+    assert fake.kept == [] and fake.writes() == [] and fake.launches == []
+    fake.pinned_copies.clear()
+    fake.capturing = True
+    dst.copy_(p)
+    dst.copy_(a)                                 # the NumPy array over the pinned memory: the same
+    y = p.to("cuda")
+    z = p.cuda(non_blocking=True)
+    assert fake.pinned_copies == [(dst.data_ptr(), a.ctypes.data, 16, True), (dst.data_ptr(), a.ctypes.data, 16, True),
+                                  (y.data_ptr(), a.ctypes.data, 16, True), (z.data_ptr(), a.ctypes.data, 16, False)]
+    assert fake.kept == [("pinned", id(a))] * 4  # the graph keeps the pinned memory alive
+    assert fake.writes() == [] and fake.launches == [] and fake.capture_checks == 0
+
+
+def _copy_kernel_pointers(fake):
+    (key, _, _, params), = fake.launches
+    assert key[0] == "copy"
+    return struct.unpack_from("<QQ", params)
+
+
+@pytest.mark.parametrize("case", ["cast", "broadcast", "strided", "reversed", "tensor with dtype"])
+def test_a_pinned_source_of_another_layout_goes_through_a_temporary(fake, case):
+    """The bytes the source spans are copied from the host buffer into a
+    temporary, which the copy kernel then reads with the source's strides."""
+    base = np.arange(8, dtype=np.int32 if case in ("cast", "tensor with dtype") else np.float32)
+    p = fake.pin(base)
+    fake.capturing = True
+    first = base.ctypes.data
+    if case == "cast":
+        dst = fake.empty((8,), tp.float32, 0)
+        dst.copy_(p)
+        span, offset = 32, 0
+    elif case == "broadcast":
+        dst = fake.empty((3, 8), tp.float32, 0)
+        dst.copy_(p)
+        span, offset = 32, 0
+    elif case == "strided":
+        dst = fake.empty((4,), tp.float32, 0)
+        dst.copy_(p[::2])
+        span, offset = 28, 0                     # elements 0, 2, 4, 6: 7 elements' bytes
+    elif case == "reversed":
+        dst = fake.empty((8,), tp.float32, 0)
+        dst.copy_(tp.from_numpy(base[::-1]))     # a negative stride: the span starts at the last element
+        span, offset = 32, 28
+    else:
+        dst = tp.tensor(base, dtype=tp.float64, device="cuda")
+        span, offset = 32, 0
+    (tmp, src, nbytes, blocking), = fake.pinned_copies
+    assert (src, nbytes, blocking) == (first, span, True)
+    assert fake.allocs[-1] == span
+    assert _copy_kernel_pointers(fake) == (dst.data_ptr(), tmp + offset)
+    assert fake.kept == [("pinned", id(base))] and fake.writes() == []
+
+
+def test_pinned_operands_and_indices_are_read_from_their_memory(fake):
+    x = fake.empty((4, 3), tp.float32, 0)
+    row = np.array([1.0, 2.0, 3.0], np.float32)
+    idx = np.array([3, 0], np.int64)
+    fake.pin(row)
+    fake.pin(idx)
+    fake.capturing = True
+    x + row
+    x[tp.from_numpy(idx)]
+    x[tp.from_numpy(idx)] = 0.0
+    assert [(src, n) for _, src, n, _ in fake.pinned_copies] == [(row.ctypes.data, 12), (idx.ctypes.data, 16),
+                                                                 (idx.ctypes.data, 16)]
+    assert fake.writes() == [] and len(fake.kept) == 3
+
+
+def test_pin_memory_with_a_cuda_device_or_tensor_is_refused(fake):
+    for make in (lambda: tp.empty(3, device="cuda", pin_memory=True), lambda: tp.tensor([1], device="cuda",
+                                                                                          pin_memory=True),
+                 lambda: tp.zeros_like(fake.empty((2,), tp.float32, 0), pin_memory=True),
+                 lambda: tp.arange(3, device="cuda", pin_memory=True)):
+        with pytest.raises(RuntimeError, match="pin_memory=True makes a CPU tensor"):
+            make()
+    cuda = fake.empty((2,), tp.float32, 0)
+    with pytest.raises(RuntimeError, match="cannot pin a CUDA tensor"):
+        cuda.pin_memory()
+    assert not cuda.is_pinned()
+    assert fake.pin(np.ones(2)).is_pinned() and fake.pin(np.ones(2)).pin_memory().is_pinned()
+    p = fake.pin(np.ones(3))
+    assert p.pin_memory() is p                   # already pinned: itself, as PyTorch
