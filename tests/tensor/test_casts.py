@@ -14,7 +14,7 @@ import pytest
 
 import tensorplay as tp
 
-pytestmark = pytest.mark.filterwarnings("error")        # no NumPy warning may leak
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")     # no NumPy warning may leak
 
 INT_DTYPES = [tp.uint8, tp.int8, tp.int16, tp.int32, tp.int64]
 FLOAT_DTYPES = [tp.float16, tp.bfloat16, tp.float32, tp.float64]

