@@ -17,7 +17,6 @@ import time
 import numpy as np
 
 import tensorplay as tp
-from tensorplay.cuda import cudagraphs
 
 
 def main() -> int:
@@ -41,7 +40,7 @@ def main() -> int:
     print("stage_and_launch matches eager:", np.allclose(out.numpy(), expect.numpy(), atol=1e-5))
 
     # 2. the same through cudagraphify: capture on the first call per signature
-    @cudagraphs.cudagraphify
+    @tp.cuda.cudagraphify
     def layer(x: tp.Tensor, bias: tp.Tensor) -> tp.Tensor:
         return (w @ x + bias).relu()
 

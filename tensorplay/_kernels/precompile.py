@@ -81,7 +81,7 @@ def _tqdm(progress: bool | None):
     if progress is False or (progress is None and not _stderr_is_terminal()):
         return None
     try:
-        from tqdm import tqdm       # optional: the display only
+        from tqdm import tqdm  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional: the display only
     except ImportError:
         return None
     return tqdm

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tensorplay as tp
-from helpers import ALL_DTYPES, random_array, spin
+from helpers import ALL_DTYPES, random_array, spin, warm
 from tensorplay._ops import elementwise as _elementwise
 
 pytestmark = pytest.mark.cuda
@@ -298,12 +298,19 @@ def test_creation_helpers_on_cuda():
 def test_ops_are_asynchronous_and_follow_the_current_stream():
     s = tp.cuda.Stream()
     x = tp.ones(1 << 20, device="cuda")
-    tp.cuda.synchronize()
-    with tp.cuda.stream(s):
-        spin(s, 300_000_000)
+
+    def work():
         y = (x * 3 + 1).exp().sum(0, keepdim=True)
         z = x[tp.tensor([0, 5], device="cuda")] @ tp.ones(2, device="cuda")
-        w = tp.cat([y, z.unsqueeze(0)])
+        return tp.cat([y, z.unsqueeze(0)])
+
+    # the first use of a kernel in a process loads its module, which may wait
+    # for the device: load them all before the stream is kept busy
+    with tp.cuda.stream(s):
+        warm(work)
+    with tp.cuda.stream(s):
+        spin(s, 300_000_000)
+        w = work()
         assert s.query() is False              # every op above queued without waiting
         assert tp.cuda.default_stream().query() is True
         assert np.allclose(w.numpy(), [np.exp(4.0) * (1 << 20), 2.0], rtol=1e-5)
