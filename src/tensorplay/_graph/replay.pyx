@@ -45,7 +45,10 @@ cdef void _destroy_graph(cydriver.CUgraph* g) noexcept:
     g[0] = NULL
 
 
+# no_gc_clear: its owner's __dealloc__ calls destroy(), which reads these
+# fields; the collector must not set them to None first.
 @cython.final
+@cython.no_gc_clear
 cdef class Executable:
     """A captured graph and what keeps it runnable: its executable, the graph
     that executable was instantiated from, the storages from outside its pool
@@ -103,7 +106,7 @@ cdef class Executable:
             self.handle = NULL
         _destroy_graph(&self.graph)
         _destroy_graph(&self.exec_graph)
-        if streams:
+        if streams and self.kept:
             for storage in self.kept.values():
                 for h in streams:
                     try:
