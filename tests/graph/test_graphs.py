@@ -148,28 +148,31 @@ def test_synchronize_inside_capture_fails_the_capture_cleanly(mode):
     assert y.tolist() == [4.0] * 4
 
 
-def test_pageable_host_copy_inside_capture_raises():
-    """Host data beyond the 4 KiB that kernel parameters carry needs a copy
-    from pageable memory, which a graph cannot hold."""
-    x = tp.zeros(2048, device="cuda")                  # 8 KiB of float32
+@pytest.mark.parametrize("n", [4, 2048], ids=["16B", "8KiB"])
+def test_pageable_host_copy_inside_capture_raises(n):
+    """A NumPy array (pageable memory) would be read once, at capture: at any
+    size the copy is refused, with the fix in the message, and the graph
+    object captures again."""
+    x = tp.zeros(n, device="cuda")
     g = CUDAGraph()
-    with pytest.raises(tp.cuda.CudaError, match="8192 bytes of host data") as info:
+    with pytest.raises(tp.cuda.CudaError, match="in pageable memory cannot be copied") as info:
         with tp.cuda.graph(g):
-            x.copy_(np.ones(2048, np.float32))
+            x.copy_(np.ones(n, np.float32))
     assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+    assert "pin_memory()" in str(info.value)
     with tp.cuda.graph(g):
         x.fill_(1)
     g.replay()
-    assert x.tolist() == [1.0] * 2048
+    assert x.tolist() == [1.0] * n
 
 
-def test_small_host_copy_inside_capture_is_replayed():
+def test_small_literal_copy_inside_capture_is_replayed():
     x = tp.zeros(4, device="cuda")
     x.copy_(np.full(4, 9, np.float32))
     tp.cuda.synchronize()
     g = CUDAGraph()
     with tp.cuda.graph(g):
-        x.copy_(np.arange(4, dtype=np.float32))        # 16 bytes: inside the copy kernel's parameters
+        x.copy_([0.0, 1.0, 2.0, 3.0])            # a literal: 16 bytes inside the copy kernel's parameters
     x.fill_(-1)
     g.replay()
     assert x.tolist() == [0.0, 1.0, 2.0, 3.0]

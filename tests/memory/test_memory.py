@@ -282,14 +282,14 @@ def test_while_body_does_not_reuse_a_tensor_allocated_before_it(n, rng):
     limit = tp.full((1,), 3, dtype=tp.int32, device="cuda")
     pred = tp.zeros(1, dtype=tp.bool, device="cuda")
 
-    def warm():
+    def step_once():
         h = x * 1.0
         acc.add_((h + 1.0) * 2.0)
         c.add_(1)
         tp.lt(c, limit, out=pred)
         c.zero_()
         acc.zero_()
-    warm(warm)
+    warm(step_once)
     g = CUDAGraph()
     with tp.cuda.graph(g):
         acc.zero_()
