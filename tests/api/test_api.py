@@ -206,3 +206,15 @@ def test_functions_start_with_an_imperative():
 def test_package_ships_its_typing_marker():
     import importlib.resources
     assert importlib.resources.files("tensorplay").joinpath("py.typed").is_file()
+
+
+def test_cudagraphify_has_one_module_under_three_names():
+    """tensorplay.cuda.cudagraphify is public; its module is tensorplay.cuda.cudagraphs,
+    the same object as the seed's tensorplay._stax.cudagraphs."""
+    import importlib
+
+    import tensorplay._stax.cudagraphs as seed
+    public = importlib.import_module("tensorplay.cuda.cudagraphs")
+    assert public is seed is tp.cuda.cudagraphs
+    assert tp.cuda.cudagraphify is seed.cudagraphify
+    assert "cudagraphify" in tp.cuda.__all__
