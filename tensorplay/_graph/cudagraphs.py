@@ -33,6 +33,7 @@ from tensorplay._driver.context import CudaError, require_cuda
 from tensorplay._tensor.args import byte_span
 from tensorplay._tensor.tensor import Tensor
 from tensorplay._graph.graphs import CUDAGraph, Outputs, capture_callable, graph_pool_handle
+from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor
 from tensorplay.types import CaptureErrorMode, PoolLike
 
 __all__ = ["cudagraphify", "CUDAGraphified"]
@@ -140,6 +141,9 @@ class CUDAGraphified(Generic[P, R]):
     def _signature(self, flat: list[Any], names: list[str]) -> tuple[Any, ...]:
         key: list[Any] = []
         for a in flat:
+            if is_foreign_tensor(a):
+                a = graph_tensor(a)          # a PyTorch or CuPy tensor: its view has its layout
+                key.append("F")
             if isinstance(a, Tensor):
                 if not a.is_cuda:
                     what = "cudagraphify: tensor arguments must be CUDA tensors"
@@ -169,7 +173,7 @@ class CUDAGraphified(Generic[P, R]):
     def _through_graph(self, key: tuple[Any, ...], flat: list[Any], names: list[str],
                        args: Any, kwargs: Any) -> Any:
         entry = self._entries.get(key)
-        tensors = [a for a in flat if isinstance(a, Tensor)]
+        tensors = [a for a in flat if isinstance(a, Tensor) or is_foreign_tensor(a)]
         if entry is None:
             self._make_room()          # first, so that the capture can reuse the evicted graph's memory
             try:
@@ -189,23 +193,24 @@ class CUDAGraphified(Generic[P, R]):
             self._entries.move_to_end(key)
         g, static, outputs = entry
         rebind = self._rebind.get(key)
-        if rebind is not None and _rebind_safe(tensors, rebind[1], rebind[2]):
+        # a foreign tensor's memory cannot be told apart from the graphs' pool: staged
+        if rebind is not None and "F" not in key and _rebind_safe(tensors, rebind[1], rebind[2]):
             rebind[0](static, tensors)               # rebind_and_launch: the graph reads the call's tensors
             self._rebinds += 1
         else:
             g.stage_and_launch(static, tensors)
         self._replays += 1
         if self.clone_outputs:
-            if isinstance(outputs, Tensor):
-                return outputs.clone()               # type: ignore[return-value]  # what fn returned
-            return type(outputs)(o.clone() for o in outputs)   # type: ignore[return-value]
+            if isinstance(outputs, (list, tuple)):
+                return type(outputs)(o.clone() for o in outputs)   # type: ignore[return-value]
+            return outputs.clone()                   # type: ignore[return-value]  # what fn returned
         return outputs                               # type: ignore[return-value]
 
     def _capture(self, flat: list[Any], n_positional: int,
                  names: list[str]) -> tuple[CUDAGraph, list[Tensor], Outputs]:
         if self._pool is None:
             self._pool = graph_pool_handle()
-        static_flat = [a.clone() if isinstance(a, Tensor) else a for a in flat]
+        static_flat = [a.clone() if isinstance(a, Tensor) or is_foreign_tensor(a) else a for a in flat]
         static_args = static_flat[:n_positional]
         static_kwargs = dict(zip(names, static_flat[n_positional:]))
 
@@ -227,7 +232,7 @@ class CUDAGraphified(Generic[P, R]):
                 raise           # a driver error (out of memory, say) is not this signature's for good
             raise _CaptureFailed() from exc
         self.num_captures += 1
-        return g, [a for a in static_flat if isinstance(a, Tensor)], outputs
+        return g, [a for a in static_flat if isinstance(a, Tensor) or is_foreign_tensor(a)], outputs
 
     def _make_room(self) -> None:
         """Evict (reset) least recently used graphs until one more fits."""
@@ -264,7 +269,8 @@ class _CaptureFailed(Exception):
     """The capture (not a warm-up run) failed; the cause is chained."""
 
 
-def _shares_memory(a: Tensor, b: Tensor) -> bool:
+def _shares_memory(a: Any, b: Any) -> bool:
+    a, b = graph_tensor(a), graph_tensor(b)
     if a._device_index != b._device_index or a.numel() == 0 or b.numel() == 0:
         return False
     (a0, a1), (b0, b1) = byte_span(a), byte_span(b)
@@ -272,7 +278,7 @@ def _shares_memory(a: Tensor, b: Tensor) -> bool:
 
 
 def _outputs_of(outputs: Outputs) -> list[Tensor]:
-    return [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
 def _can_rebind(g: CUDAGraph, static: list[Tensor], outputs: Outputs) -> bool:
@@ -290,7 +296,8 @@ def _can_rebind(g: CUDAGraph, static: list[Tensor], outputs: Outputs) -> bool:
 
 
 def _storage_ids(outputs: Outputs) -> frozenset[int]:
-    return frozenset(id(o._storage) for o in _outputs_of(outputs) if o._storage is not None)
+    return frozenset(id(o._storage) for o in _outputs_of(outputs)
+                     if isinstance(o, Tensor) and o._storage is not None)
 
 
 def _rebind_safe(tensors: list[Tensor], pool_id: Any, outputs: frozenset[int]) -> bool:

@@ -29,6 +29,7 @@ from tensorplay._tensor.tensor import Tensor as _Tensor
 from tensorplay.types import CaptureErrorMode, PoolLike, StreamLike
 from tensorplay._graph import dot as _dot
 from tensorplay._graph import structured as _structured
+from tensorplay._graph.foreign import ForeignRandomError, explain_capture_error, graph_tensor, is_foreign_tensor
 
 if TYPE_CHECKING:
     from tensorplay._tensor.tensor import Tensor
@@ -43,7 +44,7 @@ R2 = TypeVar("R2")
 P3 = ParamSpec("P3")
 R3 = TypeVar("R3")
 
-__all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
+__all__ = ["CUDAGraph", "ForeignRandomError", "graph", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables"]
 
 
@@ -111,7 +112,7 @@ class CUDAGraph(CUDAGraphBase):
         super().__init__(_GRAPH_KERNELS)
 
     def capture_begin(self, pool: PoolLike = None, capture_error_mode: CaptureErrorMode = "global",
-                      stream: StreamLike | None = None) -> None:
+                      stream: StreamLike | None = None, foreign: bool | None = None) -> None:
         """Begin capturing work queued on the current thread's streams.
 
         Parameters
@@ -131,6 +132,15 @@ class CUDAGraph(CUDAGraphBase):
             The capture stream; default a dedicated side stream of the current
             device. It first waits for the work queued on the current stream
             and is the current stream until :meth:`capture_end`.
+        foreign : bool, optional
+            Whether other libraries' work is captured too: while the capture
+            (and each conditional body) is open, the current streams of
+            PyTorch and CuPy on this thread, when they are imported, are the
+            stream being captured, and their allocations go to memory that
+            lives as long as this graph's pool (see the foreign-kernels guide).
+            None (default): the process setting,
+            :func:`tensorplay.cuda.set_foreign_capture`, on unless the
+            environment sets ``TENSORPLAY_FOREIGN_CAPTURE=0``.
 
         Raises
         ------
@@ -160,7 +170,9 @@ class CUDAGraph(CUDAGraphBase):
         previous = self.pool_id if pool is None and self.is_instantiated and not self.is_capturing else None
         pool_id = previous if previous is not None else _pool_id_of(pool)
         mode = _mode_of(capture_error_mode)
-        self._capture_begin(pool_id, mode, stream)
+        if foreign is not None and not isinstance(foreign, bool):
+            raise TypeError(f"capture_begin: foreign must be None, True or False, got {type(foreign).__name__}")
+        self._capture_begin(pool_id, mode, stream, foreign)
 
     def capture_end(self) -> None:
         """End the capture and build the executable now (cuGraphInstantiate
@@ -281,6 +293,7 @@ class CUDAGraph(CUDAGraphBase):
                                f"this one is {'.'.join(map(str, driver_version()))}")
 
     def _check_pred(self, scalar_pred, what, with_else=False):
+        scalar_pred = graph_tensor(scalar_pred)       # a PyTorch or CuPy tensor: a view of its memory
         if not isinstance(scalar_pred, _Tensor):
             raise TypeError(f"{what}: scalar_pred must be a CUDA bool tensor, got {type(scalar_pred).__name__}")
         if not scalar_pred.is_cuda:
@@ -296,6 +309,7 @@ class CUDAGraph(CUDAGraphBase):
         return scalar_pred
 
     def _check_index(self, index, what):
+        index = graph_tensor(index)
         if not isinstance(index, _Tensor):
             raise TypeError(f"{what}: index must be a one-element CUDA integer tensor, got {type(index).__name__}")
         if index.dtype.name not in graph_kernels.SWITCH_INDEX_TYPES:
@@ -494,26 +508,40 @@ class graph:
         The capture stream; default a side stream of the current device.
     capture_error_mode : {'global', 'thread_local', 'relaxed'}, optional
         How strictly unsafe CUDA calls fail the capture; default ``'global'``.
+    foreign : bool, optional
+        Whether PyTorch's and CuPy's work in the block is captured too (their
+        current stream is the capture's); default the process setting (on),
+        see :meth:`CUDAGraph.capture_begin`.
+
+    Notes
+    -----
+    A PyTorch random op in the block raises
+    :class:`~tensorplay.cuda.ForeignRandomError`, which says how to draw
+    the numbers with tensorplay's graph-safe generators instead.
     """
 
     def __init__(self, cuda_graph: CUDAGraph, pool: PoolLike = None, stream: StreamLike | None = None,
-                 capture_error_mode: CaptureErrorMode = "global") -> None:
+                 capture_error_mode: CaptureErrorMode = "global", foreign: bool | None = None) -> None:
         if not isinstance(cuda_graph, CUDAGraph):
             raise TypeError(f"graph() expects a CUDAGraph, got {type(cuda_graph).__name__}")
         self.cuda_graph = cuda_graph
         self.pool = pool
         self.stream = stream
         self.capture_error_mode: CaptureErrorMode = capture_error_mode
+        self.foreign = foreign
 
     def __enter__(self) -> CUDAGraph:
         self.cuda_graph.capture_begin(pool=self.pool, capture_error_mode=self.capture_error_mode,
-                                      stream=self.stream)
+                                      stream=self.stream, foreign=self.foreign)
         return self.cuda_graph
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is not None:
             self.cuda_graph.reset()
+            better = explain_capture_error(exc) if exc is not None else None
+            if better is not None:
+                raise better from exc
             return
         try:
             self.cuda_graph.capture_end()
@@ -524,10 +552,14 @@ class graph:
 
 # ---------------------------------------------------------------- graphed callables
 
+def _is_tensor(obj: object) -> bool:
+    return isinstance(obj, _Tensor) or is_foreign_tensor(obj)
+
+
 def _flatten_outputs(out: object, where: str) -> Outputs:
-    if isinstance(out, _Tensor):
-        return out                                   # type: ignore[return-value]  # the same class
-    if isinstance(out, (tuple, list)) and all(isinstance(o, _Tensor) for o in out):
+    if _is_tensor(out):
+        return out                                   # type: ignore[return-value]  # a tensor, ours or not
+    if isinstance(out, (tuple, list)) and all(_is_tensor(o) for o in out):
         return type(out)(out)
     raise TypeError(f"{where} must return a tensor or a tuple/list of tensors to be graphed, "
                     f"got {type(out).__name__}")
@@ -641,7 +673,7 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
     for fn, args in zip(fns, arg_lists):          # every argument checked before any capture
         if not callable(fn):
             raise TypeError(f"make_graphed_callables: {fn!r} is not callable")
-        if not all(isinstance(a, _Tensor) and a.is_cuda for a in args):
+        if not all(_is_tensor(a) and getattr(graph_tensor(a), "is_cuda", False) for a in args):
             what = "make_graphed_callables: sample args must be CUDA tensors"
             require_cuda(what)                # on a machine without CUDA, that is the news
             raise TypeError(what)

@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from tensorplay._graph.conditionals import IF_NODE, KIND_NAMES, SWITCH_NODE
+from tensorplay._graph.foreign import explain_capture_error
 
 __all__ = ["Body", "Branch", "Cases", "IfElse", "Switch"]
 
@@ -46,10 +47,15 @@ def _abort_on_error(graph: Any, exc_type: type[BaseException] | None) -> bool:
     return True
 
 
-def _leave(graph: Any, exc_type: type[BaseException] | None, finish: Any) -> None:
-    """A block's exit: discard the capture if the block raised, else
-    ``finish()`` (and discard the capture if that raises)."""
+def _leave(graph: Any, exc_type: type[BaseException] | None, finish: Any,
+           exc: BaseException | None = None) -> None:
+    """A block's exit: discard the capture if the block raised (raising a
+    clearer error for another library's failure), else ``finish()`` (and
+    discard the capture if that raises)."""
     if _abort_on_error(graph, exc_type):
+        better = explain_capture_error(exc) if exc is not None else None
+        if better is not None:
+            raise better from exc
         return
     try:
         finish()
@@ -74,7 +80,7 @@ class Body:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        _leave(self._graph, exc_type, self._graph.end_capture_to_conditional_node)
+        _leave(self._graph, exc_type, self._graph.end_capture_to_conditional_node, exc)
 
 
 class Branch:
@@ -101,7 +107,7 @@ class Branch:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        _leave(self._graph, exc_type, self._graph._end_branch)
+        _leave(self._graph, exc_type, self._graph._end_branch, exc)
 
     def __repr__(self) -> str:
         return f"<{self._what} branch of a {KIND_NAMES[self._kind].upper()} node>"
@@ -125,7 +131,7 @@ class _Node:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        _leave(self._graph, exc_type, self._graph.end_capture_to_conditional_node)
+        _leave(self._graph, exc_type, self._graph.end_capture_to_conditional_node, exc)
 
 
 class IfElse(_Node):

@@ -3,8 +3,9 @@
 and, for ``to_dot``, ``tensorplay._graph.dot``)."""
 
 from tensorplay._graph.dot import to_dot
+from tensorplay._graph.foreign import ForeignRandomError, foreign_capture_libraries, set_foreign_capture
 from tensorplay._graph.graphs import (CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing,
                                       make_graphed_callables)
 
-__all__ = ["CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
-           "to_dot"]
+__all__ = ["CUDAGraph", "ForeignRandomError", "foreign_capture_libraries", "graph", "graph_pool_handle",
+           "is_current_stream_capturing", "make_graphed_callables", "set_foreign_capture", "to_dot"]

@@ -22,7 +22,7 @@ class _PoolRecorder(CUDAGraph):
     is_capturing = False
     pool_id = 7
 
-    def _capture_begin(self, pool_id, mode, stream):
+    def _capture_begin(self, pool_id, mode, stream, foreign=None):
         self.begun_with = pool_id
 
 

@@ -24,6 +24,7 @@ import warnings
 
 from tensorplay._memory.api import allocator as _allocator
 from tensorplay._driver.stream import current_stream, set_stream
+from tensorplay._graph.foreign import begin_session
 
 # Checking that no capture forbids this one and beginning it are one step, so
 # two threads beginning captures get a clear error, not the driver's.
@@ -48,6 +49,8 @@ cdef class CUDAGraphBase(ReplayBase):
     cdef object _prev_stream
     cdef unsigned long _capture_thread
     cdef object _capture_state      # the allocator's CaptureState while capturing
+    cdef object _foreign            # the capture's ForeignSession (other libraries followed) or None
+    cdef object _foreign_error      # a library's failure to restore, raised after our teardown
     cdef int _mode
     cdef Conditionals _conds        # the open conditional nodes and their kernels
     cdef object __weakref__
@@ -62,9 +65,11 @@ cdef class CUDAGraphBase(ReplayBase):
 
     # ------------------------------------------------------------ capture
 
-    def _capture_begin(self, long long pool_id, int mode, stream):
+    def _capture_begin(self, long long pool_id, int mode, stream, foreign=None):
         """Begin capturing on ``stream`` (None: a side stream of the current
-        device) into pool ``pool_id``, cuStreamBeginCapture."""
+        device) into pool ``pool_id``, cuStreamBeginCapture; other libraries'
+        current streams follow the capture's unless ``foreign`` is False
+        (None: the process default, tensorplay._graph.foreign)."""
         cdef OpenCapture other
         if self._capturing:
             raise RuntimeError("capture_begin: this graph is already capturing")
@@ -76,13 +81,21 @@ cdef class CUDAGraphBase(ReplayBase):
             other = forbidding()
             if other is not None:
                 raise RuntimeError(f"capture_begin: another capture forbids a new one: {other.sentence()}")
-            self._begin_locked(pool_id, mode, stream)
+            self._begin_locked(pool_id, mode, stream, foreign)
             register_open(self, self._device, <uintptr_t>self._capture_stream, self._mode, self._capture_thread,
                           site)
+        session = self._foreign
+        if session is not None:
+            try:
+                session.begin(self._capture_stream_obj, pool_id)
+                self._conds.foreign = session
+            except BaseException:
+                self._abort()
+                raise
 
-    cdef int _begin_locked(self, long long pool_id, int mode, stream) except -1:
+    cdef int _begin_locked(self, long long pool_id, int mode, stream, foreign) except -1:
         try:
-            self._begin_on(pool_id, mode, stream)
+            self._begin_on(pool_id, mode, stream, foreign)
         except BaseException:
             if not self._capturing:
                 release_capture_side_stream(self._reserved_side)
@@ -91,7 +104,7 @@ cdef class CUDAGraphBase(ReplayBase):
         self._reserved_side = None
         return 0
 
-    cdef int _begin_on(self, long long pool_id, int mode, stream) except -1:
+    cdef int _begin_on(self, long long pool_id, int mode, stream, foreign) except -1:
         cdef Stream s
         cdef int dev
         cdef cydriver.CUstream prev, replayed
@@ -136,6 +149,11 @@ cdef class CUDAGraphBase(ReplayBase):
         prev = current_stream_handle(dev)
         if prev != s._handle:
             stream_wait_stream(s._handle, prev, dev)     # the capture sees work queued before it
+        session = begin_session(dev, foreign)
+        if session is not None:
+            for h in session.streams_to_join():          # and other libraries' queued work
+                if <uintptr_t>h != <uintptr_t>s._handle and <uintptr_t>h != <uintptr_t>prev:
+                    stream_wait_stream(s._handle, <cydriver.CUstream><uintptr_t>h, dev)
         with nogil:
             check(cydriver.cuStreamBeginCapture(s._handle, <cydriver.CUstreamCaptureMode>mode))
         try:
@@ -164,6 +182,7 @@ cdef class CUDAGraphBase(ReplayBase):
         self._pid = os.getpid()
         self._capturing = True
         self._mode = mode
+        self._foreign = session
         self._conds.open(self._kernels, dev, mode, self._capture_thread, s, self._capture_state, cur.conditionals,
                          cur.kept)
         set_stream(s)
@@ -186,17 +205,34 @@ cdef class CUDAGraphBase(ReplayBase):
         reserved side stream back unless the caller still queues work on it
         (capture_end uploads there first)."""
         state = self._capture_state
+        session = self._foreign
         self._capture_state = None
+        self._foreign = None
+        on_thread = threading.get_ident() == self._capture_thread
         forget_open(self)
         if state is not None:
             self._cur.kept.update(_allocator(self._device).end_capture(state))
-        if self._prev_stream is not None and threading.get_ident() == self._capture_thread:
+        if self._prev_stream is not None and on_thread:
             set_stream(self._prev_stream)
         self._prev_stream = None
         self._capturing = False
         self._conds.close()
         if release_stream:
             release_capture_side_stream(self._capture_stream_obj)
+        if session is not None:
+            # last, and its error kept for the caller to raise once its own
+            # teardown is done: a library must not leave ours half restored
+            try:
+                self._cur.kept.update(session.end(on_thread))
+            except BaseException as exc:
+                self._foreign_error = exc
+        return 0
+
+    cdef int _raise_foreign_error(self) except -1:
+        exc = self._foreign_error
+        if exc is not None:
+            self._foreign_error = None
+            raise exc
         return 0
 
     def _capture_end(self):
@@ -257,6 +293,7 @@ cdef class CUDAGraphBase(ReplayBase):
             # only now may another capture take the stream: the upload was queued on it
             release_capture_side_stream(self._capture_stream_obj)
         self._num_nodes = n
+        self._raise_foreign_error()
 
     # ------------------------------------------------------------ conditional nodes
 
@@ -322,6 +359,7 @@ cdef class CUDAGraphBase(ReplayBase):
             discard_capture(self._capture_stream)
             self._end_routing()
         self._release()
+        self._raise_foreign_error()
         return 0
 
     cdef void _release(self) noexcept:

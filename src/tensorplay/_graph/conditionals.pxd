@@ -42,6 +42,9 @@ cdef class Conditionals:
     cdef object _state
     cdef dict _nodes
     cdef dict _keep
+    # the capture's ForeignSession (tensorplay._graph.foreign) or None: other
+    # libraries' current streams follow each body's
+    cdef object foreign
 
     cdef int open(self, object kernels, int device, int mode, unsigned long thread, Stream root, object state,
                   dict nodes, dict keep) except -1

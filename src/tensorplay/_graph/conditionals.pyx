@@ -103,6 +103,7 @@ cdef class Conditionals:
         self._state = None
         self._nodes = None
         self._keep = None
+        self.foreign = None
 
     cdef void discard(self) noexcept:
         """End the capture of every open body, innermost first, dropping what
@@ -304,6 +305,8 @@ cdef class Conditionals:
         frame.branch = k
         frame.next_branch = k + 1
         set_stream(child)
+        if self.foreign is not None:
+            self.foreign.follow(child)      # other libraries' work goes into the body too
         return 0
 
     cdef int _close_branch(self, object graph, ConditionalFrame frame) except -1:
@@ -321,6 +324,8 @@ cdef class Conditionals:
         _allocator(self._device).end_body(self._state)
         release_capture_side_stream(body)
         set_stream(frame.parent)
+        if self.foreign is not None:
+            self.foreign.follow(frame.parent)
         if r != cydriver.CUDA_SUCCESS:
             graph.reset()        # the body lacks work the caller queued: nothing to mend
             check(r)

@@ -28,7 +28,8 @@ cdef class Rebinder:
     cdef cydriver.CUgraphExec _exec
     cdef Py_ssize_t _n                    # static tensors: the inputs, then the outputs
     cdef Py_ssize_t _n_in
-    cdef tuple _statics
+    cdef tuple _statics                   # the static tensors (tensorplay views of foreign ones)
+    cdef tuple _given_statics             # the static tensors as given (for holds)
     cdef object _copy                     # copy(dst, src) for fallbacks the copy kernel cannot take
     cdef Function _copy_fn                # the multi-copy kernel (tables of _cap entries), or None
     cdef Py_ssize_t _cap

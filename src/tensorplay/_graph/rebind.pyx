@@ -31,6 +31,8 @@ from tensorplay._graph.copytable cimport (COPY_BLOCK, copy_capacity, copy_grid_x
                                           set_copy_entry, static_tensor)
 from tensorplay._tensor.base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
 
+from tensorplay._graph.foreign import graph_tensor
+
 DEF MAX_PARAMS = 4096
 
 # how a kernel node's arguments could be read
@@ -102,7 +104,7 @@ cdef class Rebinder:
     cdef bint holds(self, object static_inputs, object static_outputs) noexcept:
         """True when these are the very tensors this rebinder was built for."""
         cdef Py_ssize_t k, n_out
-        cdef tuple mine = self._statics
+        cdef tuple mine = self._given_statics
         if not is_tensor_list(static_inputs) or not is_tensor_list(static_outputs):
             return False
         n_out = len(static_outputs)
@@ -129,6 +131,7 @@ cdef class Rebinder:
         cdef uintptr_t* given
         cdef unsigned long long in_max = 0, out_max = 0
         cdef list slow_in = None, slow_out = None
+        cdef list views = None          # the tensors as tensorplay views, where some are foreign
         if not is_tensor_list(inputs) or not is_tensor_list(outputs):
             raise TypeError("rebind_and_launch(static_inputs, inputs, static_outputs, outputs) takes "
                             "lists or tuples of tensors")
@@ -143,7 +146,12 @@ cdef class Rebinder:
         for k in range(n):
             obj = inputs[k] if k < n_in else outputs[k - n_in]
             if not isinstance(obj, TensorBase):
-                raise TypeError(f"rebind_and_launch: {self._name(k)} is a {type(obj).__name__}, not a tensor")
+                obj = graph_tensor(obj)          # a PyTorch or CuPy tensor: a view of its memory
+                if not isinstance(obj, TensorBase):
+                    raise TypeError(f"rebind_and_launch: {self._name(k)} is a {type(obj).__name__}, not a tensor")
+                if views is None:
+                    views = list(inputs) + list(outputs)
+                views[k] = obj
             t = <TensorBase>obj
             self._check_layout(t, k)
             ptrs[k] = t._ptr
@@ -185,7 +193,7 @@ cdef class Rebinder:
             self._check_aliasing(given, ptrs)
         if slow_in is not None:
             for k in slow_in:
-                self._copy(self._statics[k], inputs[k])
+                self._copy(self._statics[k], inputs[k] if views is None else views[k])
         previous = self._bound
         if not same:
             # the nodes may point at these before the launch succeeds: keep
@@ -206,7 +214,7 @@ cdef class Rebinder:
                                        stream, <const void*>self._out_table, self._table_size)
         if slow_out is not None:
             for k in slow_out:
-                self._copy(outputs[k - n_in], self._statics[k])
+                self._copy(outputs[k - n_in] if views is None else views[k], self._statics[k])
         if not same:
             self._bound = self._bound[:2]
             self._given_prev.swap(self._given)
@@ -595,7 +603,8 @@ cdef Rebinder make_rebinder(cydriver.CUgraph graph, cydriver.CUgraph exec_graph,
     for name, seq in (("static_inputs", static_inputs), ("static_outputs", static_outputs)):
         if not is_tensor_list(seq):
             raise TypeError(f"{what}: {name} must be a list or tuple of tensors")
-    statics = tuple(static_inputs) + tuple(static_outputs)
+    r._given_statics = tuple(static_inputs) + tuple(static_outputs)
+    statics = tuple(graph_tensor(x) for x in r._given_statics)     # foreign ones as views
     n_in = len(static_inputs)
     n = len(statics)
     r._device = device

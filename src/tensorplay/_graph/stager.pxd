@@ -16,7 +16,8 @@ cdef class Stager:
     cdef Function _fn                     # the multi-copy kernel for tables of _cap entries
     cdef Py_ssize_t _cap
     cdef Py_ssize_t _n
-    cdef tuple _statics                   # the static inputs it was built for
+    cdef tuple _statics                   # the static inputs (tensorplay views of foreign ones)
+    cdef tuple _given_statics             # the static inputs as given, that it was built for
     cdef object _copy                     # copy(static, source) for pairs the kernel cannot take
     # per static input: address, size in bytes, dtype code, rank, contiguity, shape (MAX_NDIM each)
     cdef vector[uintptr_t] _dst

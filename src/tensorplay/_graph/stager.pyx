@@ -25,6 +25,8 @@ from tensorplay._tensor.base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
 
 import numpy
 
+from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor
+
 cdef Py_ssize_t g_builds = 0
 
 
@@ -96,7 +98,7 @@ cdef class Stager:
         """True when ``static_inputs`` (a list or tuple) are the very tensors
         this stager was built for."""
         cdef Py_ssize_t k
-        cdef tuple mine = self._statics
+        cdef tuple mine = self._given_statics
         if len(static_inputs) != self._n:
             return False
         for k in range(self._n):
@@ -118,6 +120,8 @@ cdef class Stager:
         for k in range(n):
             obj = inputs[k]
             fast = False
+            if not isinstance(obj, TensorBase) and is_foreign_tensor(obj):
+                obj = graph_tensor(obj)          # a PyTorch or CuPy tensor: a view of its memory
             if self._contiguous[k] and isinstance(obj, TensorBase):
                 src = <TensorBase>obj
                 fast = (src._device_type == DEVICE_CUDA and src._device_index == self._device and
@@ -214,7 +218,8 @@ cdef Stager make_stager(cydriver.CUgraph graph, cydriver.CUgraphExec main, int d
     s._device = device
     s._main = main
     s._n = n
-    s._statics = tuple(static_inputs)
+    s._given_statics = tuple(static_inputs)
+    s._statics = tuple(graph_tensor(x) for x in s._given_statics)     # foreign ones as views
     s._copy = copy
     s._dst.resize(n)
     s._nbytes.resize(n)

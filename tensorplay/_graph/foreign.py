@@ -1,0 +1,380 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Other libraries' work inside tensorplay captures.
+
+While a capture is open on a thread, the libraries this module follows
+(PyTorch and CuPy, when already imported) use the stream being captured as
+their current stream on that thread, so their kernels are captured into the
+tensorplay graph; inside a conditional body, the body's stream. Their
+allocations during the capture are made safe: PyTorch's go to a
+``torch.cuda.MemPool`` that lives as long as the tensorplay pool's graphs
+(one per pool and device, so graphs sharing a pool share it), CuPy's go
+through tensorplay's caching allocator, into the capture's own pool. When
+the capture ends, or fails, each library's current stream and allocator
+are what they were.
+
+A capture keeps one :class:`ForeignSession` from ``capture_begin`` to its
+end. The session asks each followed :class:`Library` for the streams to
+join (before the capture begins, so the capture sees their queued work),
+then to ``begin`` (route memory, make the capture stream current), to
+``follow`` each stream a body makes current, and to ``end`` (restore),
+which returns what the graph must keep alive (PyTorch's pool).
+
+Libraries with no current stream of their own (Numba, cuda.core) launch on
+the stream they are given: ``tensorplay.cuda.current_stream()`` speaks
+``__cuda_stream__`` and its ``handle`` is the raw stream.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from tensorplay._driver.stream import Stream, current_stream_handle_of
+from tensorplay._memory.allocator import allocate
+from tensorplay._tensor.base import TensorBase
+from tensorplay._tensor.transfer import foreign_converter
+from tensorplay._graph.registry import open_captures
+
+__all__ = ["ForeignRandomError", "ForeignSession", "Library", "TorchLibrary", "CupyLibrary",
+           "begin_session", "explain_capture_error", "foreign_capture_libraries", "graph_tensor",
+           "is_foreign_tensor", "register_library", "set_foreign_capture", "unregister_library"]
+
+
+class ForeignRandomError(RuntimeError):
+    """A PyTorch random op ran inside a tensorplay capture, where PyTorch's
+    generator is not graph-safe (its state is not advanced per replay)."""
+
+
+# ------------------------------------------------------------------ libraries
+
+class Library:
+    """What a followed library does at a capture's steps. Subclass it for a
+    library with a current stream of its own; ``register_library`` it."""
+
+    #: the name in ``foreign_capture_libraries()`` and errors
+    name = "library"
+    #: the module that must already be imported for the library to be followed
+    module = ""
+
+    def is_loaded(self) -> bool:
+        """True when the library is imported and can run on the GPU."""
+        return self.module in sys.modules
+
+    def current_stream_handle(self, device: int) -> int | None:
+        """The raw handle of the library's current stream on ``device`` (this
+        thread), which the capture stream waits for; None to skip."""
+        return None
+
+    def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
+        """The capture began on ``stream`` into pool ``pool_id``: route
+        allocations, make ``stream`` current; return the state to restore."""
+        raise NotImplementedError
+
+    def follow(self, state: Any, stream: Stream) -> None:
+        """Make ``stream`` (a conditional body's, or the parent's again) current."""
+        raise NotImplementedError
+
+    def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
+        """Restore what ``begin`` changed; return objects the graph keeps.
+        Off the capture's thread (a graph reset or collected elsewhere)
+        only what is not per-thread is restored."""
+        raise NotImplementedError
+
+
+class _PoolHold:
+    """A graph's hold on PyTorch's pool for one tensorplay pool. PyTorch
+    frees the pool's memory when the last hold goes, so a hold dropped while
+    a capture is open is parked until none is (freeing memory inside a
+    global-mode capture would invalidate it)."""
+
+    parked: list[Any] = []
+    _lock = threading.Lock()
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def __del__(self) -> None:
+        try:
+            if open_captures():
+                with _PoolHold._lock:
+                    _PoolHold.parked.append(self.pool)
+            self.pool = None
+        except BaseException:
+            pass
+
+    @staticmethod
+    def release_parked() -> None:
+        if open_captures():
+            return
+        with _PoolHold._lock:
+            parked, _PoolHold.parked = _PoolHold.parked, []
+        del parked
+
+
+class TorchLibrary(Library):
+    """PyTorch: ``torch.cuda.set_stream`` of an ``ExternalStream`` over the
+    capture's stream; allocations to a ``torch.cuda.MemPool`` through
+    ``torch.cuda.use_mem_pool`` (this thread's, for the capture's length)."""
+
+    name = "torch"
+    module = "torch"
+
+    def __init__(self) -> None:
+        self._pools: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def is_loaded(self) -> bool:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        try:
+            return bool(torch.cuda.is_available())
+        except Exception:                 # a broken or CPU-only build: not followed
+            return False
+
+    def current_stream_handle(self, device: int) -> int | None:
+        torch = sys.modules["torch"]
+        return int(torch.cuda.current_stream(device).cuda_stream)
+
+    def mem_pool(self, device: int, pool_id: int) -> Any:
+        """PyTorch's pool for tensorplay pool ``pool_id`` on ``device``."""
+        torch = sys.modules["torch"]
+        with self._lock:
+            pool = self._pools.get((device, pool_id))
+            if pool is None:
+                with torch.cuda.device(device):
+                    pool = torch.cuda.MemPool()
+                self._pools[(device, pool_id)] = pool
+            return pool
+
+    def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
+        torch = sys.modules["torch"]
+        prev_device = torch.cuda.current_device()
+        prev_stream = torch.cuda.current_stream(device)
+        pool = self.mem_pool(device, pool_id)
+        routing = torch.cuda.use_mem_pool(pool, device)
+        routing.__enter__()
+        try:
+            torch.cuda.set_stream(torch.cuda.ExternalStream(stream.handle, device=device))
+        except BaseException:
+            routing.__exit__(None, None, None)
+            raise
+        return (device, prev_device, prev_stream, pool, routing)
+
+    def follow(self, state: Any, stream: Stream) -> None:
+        torch = sys.modules["torch"]
+        torch.cuda.set_stream(torch.cuda.ExternalStream(stream.handle, device=state[0]))
+
+    def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
+        torch = sys.modules["torch"]
+        _, prev_device, prev_stream, pool, routing = state
+        try:
+            if on_capture_thread:
+                torch.cuda.set_stream(prev_stream)
+                torch.cuda.set_device(prev_device)
+        finally:
+            routing.__exit__(None, None, None)      # ends the pool's routing, whichever thread
+        hold = _PoolHold(pool)
+        return {id(hold): hold}
+
+
+class _CupyBlock:
+    """Keeps tensorplay memory alive for a CuPy array (the owner CuPy holds)."""
+
+    __slots__ = ("allocation",)
+
+    def __init__(self, allocation: Any) -> None:
+        self.allocation = allocation
+
+
+class CupyLibrary(Library):
+    """CuPy: ``ExternalStream(...).use()`` over the capture's stream;
+    allocations through ``cupy.cuda.using_allocator`` into tensorplay's
+    caching allocator on the current (capture or body) stream, so they come
+    from the capture's pool and are reused only by it and graphs sharing it."""
+
+    name = "cupy"
+    module = "cupy"
+
+    def current_stream_handle(self, device: int) -> int | None:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device):
+            return int(cupy.cuda.get_current_stream().ptr)
+
+    def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
+        cupy = sys.modules["cupy"]
+
+        def allocate_in_capture(nbytes: int) -> Any:
+            allocation = allocate(nbytes, device, current_stream_handle_of(device))
+            memory = cupy.cuda.UnownedMemory(allocation.ptr, nbytes, _CupyBlock(allocation), device)
+            return cupy.cuda.MemoryPointer(memory, 0)
+
+        with cupy.cuda.Device(device):
+            prev_stream = cupy.cuda.get_current_stream()
+            routing = cupy.cuda.using_allocator(allocate_in_capture)
+            routing.__enter__()
+            try:
+                cupy.cuda.ExternalStream(stream.handle, device).use()
+            except BaseException:
+                routing.__exit__(None, None, None)
+                raise
+        return (device, prev_stream, routing)
+
+    def follow(self, state: Any, stream: Stream) -> None:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(state[0]):
+            cupy.cuda.ExternalStream(stream.handle, state[0]).use()
+
+    def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
+        cupy = sys.modules["cupy"]
+        device, prev_stream, routing = state
+        if not on_capture_thread:
+            return {}          # CuPy's stream and allocator are the capture thread's: not ours to set here
+        try:
+            with cupy.cuda.Device(device):
+                prev_stream.use()
+        finally:
+            routing.__exit__(None, None, None)
+        return {}
+
+
+_libraries: list[Library] = [TorchLibrary(), CupyLibrary()]
+_enabled = [os.environ.get("TENSORPLAY_FOREIGN_CAPTURE", "1").strip().lower() not in ("0", "false", "no", "off")]
+
+
+def register_library(library: Library) -> None:
+    """Follow ``library`` in captures begun from now on (once, however often registered)."""
+    if not isinstance(library, Library):
+        raise TypeError(f"register_library expects a Library, got {type(library).__name__}")
+    if library not in _libraries:
+        _libraries.append(library)
+
+
+def unregister_library(library: Library) -> None:
+    """Stop following ``library`` in captures begun from now on."""
+    if library in _libraries:
+        _libraries.remove(library)
+
+
+def set_foreign_capture(enabled: bool) -> None:
+    """Follow other libraries in captures (the default, unless the
+    environment sets ``TENSORPLAY_FOREIGN_CAPTURE=0``) or not; a capture's
+    own ``foreign=`` argument overrides this."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_foreign_capture expects a bool, got {type(enabled).__name__}")
+    _enabled[0] = enabled
+
+
+def foreign_capture_libraries(foreign: bool | None = None) -> tuple[str, ...]:
+    """The names of the libraries a capture begun now would follow
+    (imported, usable and not switched off)."""
+    if not (_enabled[0] if foreign is None else foreign):
+        return ()
+    return tuple(lib.name for lib in _followed(True))
+
+
+def _followed(enabled: bool) -> list[Library]:
+    return [lib for lib in _libraries if enabled and lib.is_loaded()]
+
+
+# ------------------------------------------------------------------ one capture's session
+
+class ForeignSession:
+    """The followed libraries of one open capture (see the module)."""
+
+    def __init__(self, libraries: Sequence[Library], device: int) -> None:
+        self.libraries = list(libraries)
+        self.device = device
+        self.states: list[tuple[Library, Any]] = []
+
+    def streams_to_join(self) -> list[int]:
+        """The libraries' current streams on this thread, to be joined into
+        the capture before it begins."""
+        handles = []
+        for lib in self.libraries:
+            h = lib.current_stream_handle(self.device)
+            if h is not None and h not in handles:
+                handles.append(h)
+        return handles
+
+    def begin(self, stream: Stream, pool_id: int) -> None:
+        """Route and switch every library; on failure, undo the ones done and raise."""
+        for lib in self.libraries:
+            try:
+                self.states.append((lib, lib.begin(self.device, stream, pool_id)))
+            except BaseException:
+                self.end()
+                raise
+
+    def follow(self, stream: Stream) -> None:
+        for lib, state in self.states:
+            lib.follow(state, stream)
+
+    def end(self, on_capture_thread: bool = True) -> dict[int, Any]:
+        """Restore every library (last begun first); the objects the graph
+        keeps. Raises the first library's error after restoring the others."""
+        keep: dict[int, Any] = {}
+        first: BaseException | None = None
+        while self.states:
+            lib, state = self.states.pop()
+            try:
+                keep.update(lib.end(state, on_capture_thread))
+            except BaseException as exc:
+                first = first or exc
+        _PoolHold.release_parked()
+        if first is not None:
+            raise first
+        return keep
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(lib.name for lib in self.libraries)
+
+
+def begin_session(device: int, foreign: bool | None) -> ForeignSession | None:
+    """The session of a capture about to begin on ``device``: None when no
+    library is followed (``foreign``: the capture's choice, None for the
+    process default)."""
+    libs = _followed(_enabled[0] if foreign is None else bool(foreign))
+    return ForeignSession(libs, device) if libs else None
+
+
+# ------------------------------------------------------------------ errors
+
+_TORCH_RNG = "generator not in capture mode"
+
+
+def explain_capture_error(exc: BaseException) -> BaseException | None:
+    """A clearer error for a capture that another library's work failed,
+    or None to let ``exc`` propagate as it is."""
+    if isinstance(exc, RuntimeError) and not isinstance(exc, ForeignRandomError) and _TORCH_RNG in str(exc):
+        return ForeignRandomError(
+            "a PyTorch random op (torch.rand, randn, randint, dropout, multinomial, normal_, ...) ran inside a "
+            "tensorplay capture: PyTorch's generator is graph-safe only under torch.cuda.graph, so its "
+            "numbers would repeat at every replay. Draw them with tensorplay's generators, which are "
+            "graph-safe (fresh numbers per replay) and write into PyTorch tensors without a copy: "
+            "tp.from_dlpack(t).uniform_() / .normal_() / .bernoulli_(p), or tp.rand(..., device='cuda') "
+            "then torch.from_dlpack(...); seed them with tp.manual_seed()")
+    return None
+
+
+# ------------------------------------------------------------------ tensors at the graph boundary
+
+def is_foreign_tensor(obj: object) -> bool:
+    """True for another library's array (DLPack or the CUDA Array Interface)."""
+    return not isinstance(obj, TensorBase) and (
+        hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__"))
+
+
+def graph_tensor(obj: Any) -> Any:
+    """``obj`` as a tensorplay tensor sharing its memory when it is another
+    library's array, else ``obj`` itself."""
+    if isinstance(obj, TensorBase) or not is_foreign_tensor(obj):
+        return obj
+    convert = foreign_converter()
+    if convert is None:
+        raise TypeError(f"a {type(obj).__name__} cannot be used here before tensorplay is imported whole")
+    return convert(obj)
