@@ -86,33 +86,56 @@ class Library:
 
 
 class _PoolHold:
-    """A graph's hold on PyTorch's pool for one tensorplay pool. PyTorch
-    frees the pool's memory when the last hold goes, so a hold dropped while
-    a capture is open is parked until none is (freeing memory inside a
-    global-mode capture would invalidate it)."""
+    """A graph's hold on PyTorch's pool for one tensorplay pool. When a hold
+    goes, the pool is parked until no tensor of PyTorch's lives in it and no
+    capture is open; only then is it let go, and PyTorch frees its memory
+    (a tensor alive at reset would otherwise pin it until a global
+    ``torch.cuda.empty_cache()``, and freeing inside a global-mode capture
+    would invalidate that capture)."""
 
-    parked: list[Any] = []
+    parked: list[tuple[int, Any]] = []
     _lock = threading.Lock()
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, device: int, pool: Any) -> None:
+        self.device = device
         self.pool = pool
 
     def __del__(self) -> None:
         try:
-            if open_captures():
-                with _PoolHold._lock:
-                    _PoolHold.parked.append(self.pool)
+            with _PoolHold._lock:
+                _PoolHold.parked.append((self.device, self.pool))
             self.pool = None
+            release_parked_pools()
         except BaseException:
             pass
 
-    @staticmethod
-    def release_parked() -> None:
-        if open_captures():
-            return
-        with _PoolHold._lock:
-            parked, _PoolHold.parked = _PoolHold.parked, []
-        del parked
+
+def _torch_pool_in_use(torch: Any, device: int, pool: Any) -> bool:
+    """Whether a tensor of PyTorch's still lives in ``pool``."""
+    check = getattr(torch._C, "_cuda_checkPoolLiveAllocations", None)
+    if check is not None:
+        try:
+            return not check(device, pool.id, set())
+        except Exception:
+            pass
+    try:
+        return any(seg.get("allocated_size", 0) for seg in pool.snapshot(include_traces=False))
+    except Exception:
+        return True
+
+
+def release_parked_pools() -> None:
+    """Let go of the parked PyTorch pools that no tensor uses any more,
+    when no capture is open (called at capture boundaries and resets)."""
+    if not _PoolHold.parked or open_captures():
+        return
+    torch = sys.modules.get("torch")
+    with _PoolHold._lock:
+        parked, _PoolHold.parked = _PoolHold.parked, []
+    keep = [(d, p) for d, p in parked if torch is not None and _torch_pool_in_use(torch, d, p)]
+    del parked
+    with _PoolHold._lock:
+        _PoolHold.parked.extend(keep)
 
 
 class TorchLibrary(Library):
@@ -155,6 +178,10 @@ class TorchLibrary(Library):
         torch = sys.modules["torch"]
         prev_device = torch.cuda.current_device()
         prev_stream = torch.cuda.current_stream(device)
+        # cuBLAS's handle is made at a thread's first matmul; making it inside
+        # the capture fails (cublasCreate is not capturable), so make it now
+        with torch.cuda.device(device):
+            torch.cuda.current_blas_handle()
         pool = self.mem_pool(device, pool_id)
         routing = torch.cuda.use_mem_pool(pool, device)
         routing.__enter__()
@@ -178,7 +205,7 @@ class TorchLibrary(Library):
                 torch.cuda.set_device(prev_device)
         finally:
             routing.__exit__(None, None, None)      # ends the pool's routing, whichever thread
-        hold = _PoolHold(pool)
+        hold = _PoolHold(state[0], pool)
         return {id(hold): hold}
 
 
@@ -294,6 +321,7 @@ class ForeignSession:
     def streams_to_join(self) -> list[int]:
         """The libraries' current streams on this thread, to be joined into
         the capture before it begins."""
+        release_parked_pools()          # before the capture: freeing memory may synchronize
         handles = []
         for lib in self.libraries:
             h = lib.current_stream_handle(self.device)
@@ -325,7 +353,7 @@ class ForeignSession:
                 keep.update(lib.end(state, on_capture_thread))
             except BaseException as exc:
                 first = first or exc
-        _PoolHold.release_parked()
+        release_parked_pools()
         if first is not None:
             raise first
         return keep
