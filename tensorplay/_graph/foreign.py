@@ -149,6 +149,18 @@ class TorchLibrary(Library):
     def __init__(self) -> None:
         self._pools: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
+        self._streams: dict[tuple[int, int], Any] = {}   # PyTorch's wrappers of our streams
+
+    def _external(self, device: int, stream: Stream) -> Any:
+        """PyTorch's ExternalStream over ``stream`` (kept: captures reuse their streams)."""
+        key = (device, stream.handle)
+        ext = self._streams.get(key)
+        if ext is None:
+            torch = sys.modules["torch"]
+            if len(self._streams) >= 256:        # streams the user passed and dropped
+                self._streams.clear()
+            ext = self._streams[key] = torch.cuda.ExternalStream(stream.handle, device=device)
+        return ext
 
     def is_loaded(self) -> bool:
         torch = sys.modules.get("torch")
@@ -186,15 +198,14 @@ class TorchLibrary(Library):
         routing = torch.cuda.use_mem_pool(pool, device)
         routing.__enter__()
         try:
-            torch.cuda.set_stream(torch.cuda.ExternalStream(stream.handle, device=device))
+            torch.cuda.set_stream(self._external(device, stream))
         except BaseException:
             routing.__exit__(None, None, None)
             raise
         return (device, prev_device, prev_stream, pool, routing)
 
     def follow(self, state: Any, stream: Stream) -> None:
-        torch = sys.modules["torch"]
-        torch.cuda.set_stream(torch.cuda.ExternalStream(stream.handle, device=state[0]))
+        sys.modules["torch"].cuda.set_stream(self._external(state[0], stream))
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
         torch = sys.modules["torch"]
