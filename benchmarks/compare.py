@@ -25,6 +25,18 @@ time per replay of a graph with a random op in it. The recapture section
 times a re-capture of 100 and 1000 small nodes into a graph that has an
 executable (capture_end updates it, cuGraphExecUpdate) against reset() then
 capture + instantiate: host time per re-capture, median.
+
+The decode section (last) runs examples/decode_loop.py's measurements: a
+GPT-2-like transformer (models small and gpt2-small, batch 1 and 8, random
+bf16 weights) generating until every row emits its end token, four ways:
+PyTorch eager, a torch.cuda.graph step replayed from a host loop that reads
+the end flag every step or every 8 steps, and tensorplay's one graph with
+the step's PyTorch code in a WHILE node. Per method: useful tokens/s, GPU
+busy share, host CPU us per token (the host us column), wall time of a
+generation (latency), steps; then the GPU time per step of the WHILE node's
+iterations against an unrolled tensorplay graph, and what capturing a
+transformers GPT-2 decode step does. max_len 128 and 3 generations per
+method with --quick, 256 and 10 without.
 """
 
 from __future__ import annotations
@@ -1598,6 +1610,66 @@ def random_rows(quick, torch, repeats, calls):
         gc.collect()
 
 
+# ---------------------------------------------------------------- 11. decode loop (examples/decode_loop.py)
+
+def decode_rows(quick, torch):
+    """A transformer's decode loop, four ways (examples/decode_loop.py's
+    measure()): models small and gpt2-small at batch 1 and 8, max_len 128
+    and 3 generations per method with --quick (256 and 10 without). A row
+    per method: host us = host CPU us per generated token, latency us = wall
+    time of one generation, gpu_us = one step's GPU time (method 2's graph),
+    rate = useful tokens/s, the rest in the note; then the GPU time per step
+    of the unrolled and WHILE graphs, and the transformers capture probe."""
+    section = "decode"
+    if torch is None:
+        record(section, "all", "PyTorch", error="PyTorch is not installed: the decode section needs it")
+        return
+    examples = os.path.join(os.path.dirname(HERE), "examples")
+    sys.path.insert(0, examples)
+    try:
+        import decode_loop
+    finally:
+        sys.path.remove(examples)
+    max_len, generations = (128, 3) if quick else (256, 10)
+    for name in ("small", "gpt2-small"):
+        for batch in (1, 8):
+            case = f"{name} b{batch} L{max_len}"
+            try:
+                res = decode_loop.measure(decode_loop.MODELS[name], batch, max_len, generations, check_every=8,
+                                          log=lambda _line: None)
+            except Exception as exc:    # reported, not fatal
+                record(section, case, "all methods", error=f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            for r in res["rows"]:
+                note = "-"
+                if r["tok_s"] is not None:
+                    note = (f"{r['tok_s']:.0f} useful tok/s, GPU busy {r['busy']:.0%}, {r['steps']:.0f} steps"
+                            + (f" (+{r['overshoot_mean']:.1f} past the end)"
+                               if r["method"] == "torch_graph_every_k" else "")
+                            + f", tok/s x{r['tok_s_vs_2']:.2f} and CPU x{r['cpu_vs_2']:.2f} vs method 2")
+                record(section, case, r["label"].replace("every k", "every 8"), host_us=r["cpu_us_tok"],
+                       latency_us=None if r["wall_ms"] is None else r["wall_ms"] * 1e3, gpu_us=res["step_gpu_us"],
+                       rate=r["tok_s"], unit="tok/s", note=note, extra=r, error=r["error"])
+            w = res.get("while")
+            if w:
+                def us(key):
+                    return "-" if w.get(key) is None else f"{w[key]:.1f}"
+                record(section, case, "GPU us/step: WHILE iteration vs unrolled", gpu_us=w["tp_while_iteration_us"],
+                       extra=w, note=(f"torch graph {us('torch_graph_step_us')}, tp unrolled "
+                                      f"{us('tp_unrolled_step_us')}, + predicate {us('tp_unrolled_step_pred_us')}, "
+                                      f"WHILE iteration {us('tp_while_iteration_us')} ({w['unroll']} steps)"))
+            for key, err in res["errors"].items():
+                if key not in decode_loop.METHODS:
+                    record(section, case, key, error=err[:200])
+            if res["mismatches"]:
+                record(section, case, "token check",
+                       error=f"tokens differ from method 2's: {res['mismatches'][:3]}"[:200])
+            torch.cuda.empty_cache()
+    for p in decode_loop.probe_transformers():   # last: a failed capture may leave junk behind
+        record(section, "transformers", f"{p['cache']}, {p['capturer']}".strip(", ") or p["case"],
+               note=p["result"][:300], extra=p)
+
+
 # ---------------------------------------------------------------- output
 
 GPU_SECTIONS = ("work", "serving", "random")
@@ -1719,7 +1791,7 @@ def write_chart(path):
 
 # memory first, then serving (it measures reserved memory too), before the others allocate
 SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "rebind", "while", "branch", "threads",
-            "capture", "recapture", "eager")
+            "capture", "recapture", "eager", "decode")
 
 
 def parse_sections(only, ap):
@@ -1792,6 +1864,8 @@ def main():
         recapture_rows([100, 1000], 7 if quick else 21)
     if "eager" in sections:
         eager_rows(calls, repeats, torch, cp)
+    if "decode" in sections:        # last: its transformers probe may leave a failed capture behind
+        decode_rows(quick, torch)
     elapsed = time.perf_counter() - t0
     meta = {"date": datetime.date.today().isoformat(), "gpu": tp.cuda.get_device_name(0),
             "driver": ".".join(map(str, tp.cuda.driver_version())), "tensorplay": tp.__version__,
