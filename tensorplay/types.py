@@ -25,7 +25,8 @@ from tensorplay._driver.stream import Stream
 from tensorplay._tensor.tensor import Tensor
 
 __all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "HasPoolId", "Number",
-           "PoolLike", "Size", "StreamLike", "SupportsCudaStream", "TensorOrNumber"]
+           "PoolLike", "Size", "StreamLike", "SupportsCudaArrayInterface", "SupportsCudaStream", "SupportsDLPack",
+           "TensorLike", "TensorOrNumber"]
 
 #: A Python scalar operand: ``bool``, ``int`` or ``float``.
 Number: TypeAlias = bool | int | float
@@ -80,6 +81,27 @@ CaptureErrorMode: TypeAlias = Literal["global", "thread_local", "relaxed"]
 #: The activation fused into a matrix product (:func:`tensorplay.linear`,
 #: :func:`tensorplay.addmm`): ``"relu"``, ``"gelu"`` (the tanh approximation) or None.
 Activation: TypeAlias = Literal["relu", "gelu"] | None
+
+
+class SupportsDLPack(Protocol):
+    """Another library's array exporting DLPack (``__dlpack__`` and
+    ``__dlpack_device__``), as PyTorch, CuPy and JAX arrays do."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def __dlpack_device__(self) -> Any: ...
+
+
+class SupportsCudaArrayInterface(Protocol):
+    """Another library's CUDA array exporting ``__cuda_array_interface__``."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+
+
+#: A tensor where the graph API takes one: a tensorplay tensor, or another
+#: library's CUDA array (PyTorch, CuPy), used through its memory without a copy.
+TensorLike: TypeAlias = Union[Tensor, SupportsDLPack, SupportsCudaArrayInterface]
 
 
 class HasPoolId(Protocol):

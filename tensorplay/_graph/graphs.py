@@ -26,7 +26,7 @@ from tensorplay._graph import kernels as graph_kernels
 from tensorplay._driver.stream import current_stream, stream as use_stream
 from tensorplay._graph.streams import CAPTURE_MODES, is_stream_capturing, warmup_stream
 from tensorplay._tensor.tensor import Tensor as _Tensor
-from tensorplay.types import CaptureErrorMode, PoolLike, StreamLike
+from tensorplay.types import CaptureErrorMode, PoolLike, StreamLike, TensorLike
 from tensorplay._graph import dot as _dot
 from tensorplay._graph import structured as _structured
 from tensorplay._graph.foreign import ForeignRandomError, explain_capture_error, graph_tensor, is_foreign_tensor
@@ -329,7 +329,7 @@ class CUDAGraph(CUDAGraphBase):
             raise ValueError(f"{what}: num_cases must be in [1, {MAX_SWITCH_CASES}], got {num_cases}")
         return int(num_cases)
 
-    def begin_capture_to_if_node(self, scalar_pred: Tensor, with_else: bool = False) -> None:
+    def begin_capture_to_if_node(self, scalar_pred: TensorLike, with_else: bool = False) -> None:
         """Capture the following work into the body of an IF node: at replay
         the body runs only when ``scalar_pred`` (a one-element CUDA bool
         tensor, read on the device when the node is reached) is true. Close
@@ -358,7 +358,7 @@ class CUDAGraph(CUDAGraphBase):
         """
         self._begin_branch(IF_NODE, 1, "begin_capture_to_else_branch")
 
-    def begin_capture_to_while_node(self, scalar_pred: Tensor) -> None:
+    def begin_capture_to_while_node(self, scalar_pred: TensorLike) -> None:
         """Capture the following work into the body of a WHILE node: at replay
         the body runs while ``scalar_pred`` is true, sampled before the first
         iteration and again at the end of every iteration (so a body that
@@ -366,7 +366,7 @@ class CUDAGraph(CUDAGraphBase):
         p = self._check_pred(scalar_pred, "begin_capture_to_while_node")
         self._begin_conditional(WHILE_NODE, p.data_ptr(), p)
 
-    def begin_capture_to_switch_node(self, index: Tensor, num_cases: int) -> None:
+    def begin_capture_to_switch_node(self, index: TensorLike, num_cases: int) -> None:
         """Add a SWITCH node of ``num_cases`` bodies: at replay, body ``k``
         runs when ``index`` (a one-element CUDA integer tensor of any integer
         dtype, read on the device when the node is reached) equals ``k``; an
@@ -407,7 +407,7 @@ class CUDAGraph(CUDAGraphBase):
         and the node itself); capture returns to its parent."""
         self._end_conditional()
 
-    def set_conditional_handle_for_current_node(self, scalar_pred: Tensor) -> None:
+    def set_conditional_handle_for_current_node(self, scalar_pred: TensorLike) -> None:
         """Sample ``scalar_pred`` into the innermost open node's condition now
         and make it that node's predicate.
 
@@ -428,7 +428,7 @@ class CUDAGraph(CUDAGraphBase):
         p = self._check_pred(scalar_pred, what)
         self._set_conditional(p.data_ptr(), p)
 
-    def _begin_node(self, kind: int, pred: Tensor, num_bodies: int) -> None:
+    def _begin_node(self, kind: int, pred: TensorLike, num_bodies: int) -> None:
         """Open an IF/ELSE (two bodies) or SWITCH node with no branch open:
         the structured form's outer block."""
         if kind == SWITCH_NODE:
@@ -441,19 +441,19 @@ class CUDAGraph(CUDAGraphBase):
 
     # ------------------------------------------------------------ structured conditional nodes
 
-    def if_(self, scalar_pred: Tensor) -> _structured.Body:
+    def if_(self, scalar_pred: TensorLike) -> _structured.Body:
         """``with g.if_(pred): ...``: the block is the body of an IF node
         (:meth:`begin_capture_to_if_node` on entry,
         :meth:`end_capture_to_conditional_node` on exit). An exception in the
         block discards the whole capture and leaves the graph reset."""
         return _structured.Body(self, IF_NODE, scalar_pred)
 
-    def while_(self, scalar_pred: Tensor) -> _structured.Body:
+    def while_(self, scalar_pred: TensorLike) -> _structured.Body:
         """``with g.while_(pred): ...``: the block is the body of a WHILE node
         (see :meth:`begin_capture_to_while_node`)."""
         return _structured.Body(self, WHILE_NODE, scalar_pred)
 
-    def if_else(self, scalar_pred: Tensor) -> _structured.IfElse:
+    def if_else(self, scalar_pred: TensorLike) -> _structured.IfElse:
         """``with g.if_else(pred) as (then, otherwise):`` one IF node with an
         else body; inside, ``with then: ...`` captures the body run when
         ``pred`` is true and ``with otherwise: ...`` the one run when it is
@@ -463,7 +463,7 @@ class CUDAGraph(CUDAGraphBase):
         blocks is refused (it would run in neither branch)."""
         return _structured.IfElse(self, scalar_pred)
 
-    def switch(self, index: Tensor, num_cases: int) -> _structured.Switch:
+    def switch(self, index: TensorLike, num_cases: int) -> _structured.Switch:
         """``with g.switch(index, n) as cases:`` one SWITCH node; inside,
         ``with cases[k]: ...`` captures case ``k``, in increasing order, each
         at most once (cases left out stay empty). An index outside ``[0, n)``
