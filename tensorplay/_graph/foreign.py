@@ -69,6 +69,9 @@ class Library:
         thread), which the capture stream waits for; None to skip."""
         return None
 
+    def prepare(self, device: int) -> None:
+        """Before the capture begins: what cannot be done inside it."""
+
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         """The capture began on ``stream`` into pool ``pool_id``: route
         allocations, make ``stream`` current; return the state to restore."""
@@ -175,6 +178,20 @@ class TorchLibrary(Library):
         torch = sys.modules["torch"]
         return int(torch.cuda.current_stream(device).cuda_stream)
 
+    def prepare(self, device: int) -> None:
+        torch = sys.modules["torch"]
+        with torch.cuda.device(device):
+            # cuBLAS's handle is made at a thread's first matmul, and cublasCreate
+            # cannot run inside a capture: make it before
+            torch.cuda.current_blas_handle()
+            # as PyTorch's own capture does: drop the cached cuBLAS workspaces, so
+            # this capture's matmuls get one from its own pool rather than share
+            # one an earlier graph captured on the same stream uses (not while
+            # another capture may be using its workspace)
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None and not open_captures():
+                clear()
+
     def mem_pool(self, device: int, pool_id: int) -> Any:
         """PyTorch's pool for tensorplay pool ``pool_id`` on ``device``."""
         torch = sys.modules["torch"]
@@ -190,10 +207,6 @@ class TorchLibrary(Library):
         torch = sys.modules["torch"]
         prev_device = torch.cuda.current_device()
         prev_stream = torch.cuda.current_stream(device)
-        # cuBLAS's handle is made at a thread's first matmul; making it inside
-        # the capture fails (cublasCreate is not capturable), so make it now
-        with torch.cuda.device(device):
-            torch.cuda.current_blas_handle()
         pool = self.mem_pool(device, pool_id)
         routing = torch.cuda.use_mem_pool(pool, device)
         routing.__enter__()
@@ -332,8 +345,10 @@ class ForeignSession:
     def streams_to_join(self) -> list[int]:
         """The libraries' current streams on this thread, to be joined into
         the capture before it begins."""
-        release_parked_pools()          # before the capture: freeing memory may synchronize
         handles = []
+        for lib in self.libraries:
+            lib.prepare(self.device)
+        release_parked_pools()          # before the capture: freeing memory may synchronize
         for lib in self.libraries:
             h = lib.current_stream_handle(self.device)
             if h is not None and h not in handles:

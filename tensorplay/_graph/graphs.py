@@ -167,11 +167,11 @@ class CUDAGraph(CUDAGraphBase):
         executable too); :meth:`reset` starts afresh.
         """
         # a re-capture stays in its pool unless told otherwise
+        if foreign is not None and not isinstance(foreign, bool):
+            raise TypeError(f"capture_begin: foreign must be None, True or False, got {type(foreign).__name__}")
         previous = self.pool_id if pool is None and self.is_instantiated and not self.is_capturing else None
         pool_id = previous if previous is not None else _pool_id_of(pool)
         mode = _mode_of(capture_error_mode)
-        if foreign is not None and not isinstance(foreign, bool):
-            raise TypeError(f"capture_begin: foreign must be None, True or False, got {type(foreign).__name__}")
         self._capture_begin(pool_id, mode, stream, foreign)
 
     def capture_end(self) -> None:

@@ -540,6 +540,7 @@ def test_torch_library_switches_streams_and_restores_them(fake_torch):
     lib = foreign.TorchLibrary()
     before = fake_torch.current_stream(0)
     assert lib.current_stream_handle(0) == 0
+    lib.prepare(0)                                           # before the capture begins
     state = lib.begin(0, CaptureStream(0x1000), 7)
     cur = fake_torch.current_stream(0)
     assert (cur.cuda_stream, cur.device_index) == (0x1000, 0)
@@ -564,6 +565,7 @@ def test_torch_library_switches_streams_and_restores_them(fake_torch):
 def test_torch_library_restores_the_device_too(fake_torch):
     lib = foreign.TorchLibrary()
     before = {d: fake_torch.current_stream(d) for d in (0, 1)}
+    lib.prepare(1)
     state = lib.begin(1, CaptureStream(0x3000), 9)          # capture on cuda:1, torch's device is 0
     assert fake_torch.device_now == 0
     assert fake_torch.current_stream(1).cuda_stream == 0x3000 and fake_torch.current_stream(0) is before[0]
