@@ -127,6 +127,9 @@ def _torch_pool_in_use(torch: Any, device: int, pool: Any) -> bool:
         return True
 
 
+_CHECKS_PER_CALL = 4
+
+
 def release_parked_pools() -> None:
     """Let go of the parked PyTorch pools that no tensor uses any more,
     when no capture is open (called at capture boundaries and resets)."""
@@ -134,11 +137,14 @@ def release_parked_pools() -> None:
         return
     torch = sys.modules.get("torch")
     with _PoolHold._lock:
-        parked, _PoolHold.parked = _PoolHold.parked, []
-    keep = [(d, p) for d, p in parked if torch is not None and _torch_pool_in_use(torch, d, p)]
-    del parked
+        # the oldest few per call: a pool a live output pins stays parked, and
+        # checking every one at every capture would cost each capture more
+        checked = _PoolHold.parked[:_CHECKS_PER_CALL]
+        del _PoolHold.parked[:_CHECKS_PER_CALL]
+    keep = [(d, p) for d, p in checked if torch is not None and _torch_pool_in_use(torch, d, p)]
+    del checked
     with _PoolHold._lock:
-        _PoolHold.parked.extend(keep)
+        _PoolHold.parked.extend(keep)     # to the back: the others get their turn
 
 
 class TorchLibrary(Library):

@@ -198,7 +198,10 @@ cdef class Rebinder:
         if not same:
             # the nodes may point at these before the launch succeeds: keep
             # them alive with the previous ones until it has
-            self._bound = (tuple(inputs), tuple(outputs), previous)
+            if views is None:
+                self._bound = (tuple(inputs), tuple(outputs), previous)
+            else:       # the tensorplay views, which keep the foreign tensors alive
+                self._bound = (tuple(views[:n_in]), tuple(views[n_in:]), previous)
         self._bind(ptrs)
         self._in_table[0] = nin_fast
         self._out_table[0] = nout_fast
@@ -378,7 +381,7 @@ cdef int _retire(tuple old, tuple new, uintptr_t stream) except -1:
         for j in range(len(group)):
             if j < len(same) and same[j] is group[j]:
                 continue
-            t = <TensorBase>group[j]
+            t = group[j]        # kept tensors are tensorplay's (foreign ones as views)
             st = t._storage
             if st is not None and getattr(st, "stream", stream) != stream:
                 st.record_stream(stream)
