@@ -44,6 +44,11 @@ __all__ = ["ForeignRandomError", "ForeignSession", "Library", "TorchLibrary", "C
            "is_foreign_tensor", "register_library", "set_foreign_capture", "unregister_library"]
 
 
+# Held while a capture begins (tensorplay._graph.capture) and while parked
+# PyTorch pools are let go, which frees memory: never inside a capture.
+capture_begin_lock = threading.RLock()
+
+
 class ForeignRandomError(RuntimeError):
     """A PyTorch random op ran inside a tensorplay capture, where PyTorch's
     generator is not graph-safe (its state is not advanced per replay)."""
@@ -114,13 +119,15 @@ class _PoolHold:
 
 
 def _torch_pool_in_use(torch: Any, device: int, pool: Any) -> bool:
-    """Whether a tensor of PyTorch's still lives in ``pool``."""
+    """Whether a tensor of PyTorch's still lives in ``pool``. Letting go of a
+    pool is safe either way (PyTorch never frees memory under a tensor); a
+    pool let go too early only stays reserved until PyTorch empties its cache."""
     check = getattr(torch._C, "_cuda_checkPoolLiveAllocations", None)
     if check is not None:
         try:
             return not check(device, pool.id, set())
         except Exception:
-            pass
+            return False            # PyTorch made no pool for it: nothing was allocated there
     try:
         return any(seg.get("allocated_size", 0) for seg in pool.snapshot(include_traces=False))
     except Exception:
@@ -133,8 +140,14 @@ _CHECKS_PER_CALL = 4
 def release_parked_pools() -> None:
     """Let go of the parked PyTorch pools that no tensor uses any more,
     when no capture is open (called at capture boundaries and resets)."""
-    if not _PoolHold.parked or open_captures():
+    if not _PoolHold.parked:
         return
+    with capture_begin_lock:         # no capture may begin while PyTorch frees memory
+        if not open_captures():
+            _release_parked()
+
+
+def _release_parked() -> None:
     torch = sys.modules.get("torch")
     with _PoolHold._lock:
         # the oldest few per call: a pool a live output pins stays parked, and

@@ -658,10 +658,11 @@ def test_torch_pool_in_use_without_the_live_allocation_check():
     def broken(*args):
         raise RuntimeError("no such pool")
     failing = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_checkPoolLiveAllocations=broken))
-    pool.segments = []
-    assert not foreign._torch_pool_in_use(failing, 0, pool)   # falls back to the snapshot
+    pool.segments = [{"allocated_size": 512}]
+    # PyTorch raises for a pool it never made (nothing was allocated in it): let go
+    assert not foreign._torch_pool_in_use(failing, 0, pool)
     pool.snapshot = broken
-    assert foreign._torch_pool_in_use(failing, 0, pool)       # nothing known: kept
+    assert foreign._torch_pool_in_use(no_check, 0, pool)      # nothing known: kept
 
 
 # ------------------------------------------------------------------ a fake CuPy

@@ -24,11 +24,11 @@ import warnings
 
 from tensorplay._memory.api import allocator as _allocator
 from tensorplay._driver.stream import current_stream, set_stream
-from tensorplay._graph.foreign import begin_session
+from tensorplay._graph.foreign import begin_session, capture_begin_lock
 
 # Checking that no capture forbids this one and beginning it are one step, so
 # two threads beginning captures get a clear error, not the driver's.
-_begin_lock = threading.Lock()
+_begin_lock = capture_begin_lock
 
 
 # no_gc_clear: __dealloc__ ends an open capture and restores the stream it
