@@ -47,6 +47,7 @@ __all__ = ["ForeignRandomError", "ForeignSession", "Library", "TorchLibrary", "C
 # Held while a capture begins (tensorplay._graph.capture) and while parked
 # PyTorch pools are let go, which frees memory: never inside a capture.
 capture_begin_lock = threading.RLock()
+_routed = [0]       # sessions begun and not yet ended, all threads (under the lock to begin)
 
 
 class ForeignRandomError(RuntimeError):
@@ -143,7 +144,8 @@ def release_parked_pools() -> None:
     if not _PoolHold.parked:
         return
     with capture_begin_lock:         # no capture may begin while PyTorch frees memory
-        if not open_captures():
+        # nor may one be routed: PyTorch refuses to free while any is
+        if not open_captures() and not _routed[0]:
             _release_parked()
 
 
@@ -360,6 +362,7 @@ class ForeignSession:
         self.libraries = list(libraries)
         self.device = device
         self.states: list[tuple[Library, Any]] = []
+        self.routed = False
 
     def streams_to_join(self) -> list[int]:
         """The libraries' current streams on this thread, to be joined into
@@ -376,6 +379,9 @@ class ForeignSession:
 
     def begin(self, stream: Stream, pool_id: int) -> None:
         """Route and switch every library; on failure, undo the ones done and raise."""
+        with capture_begin_lock:
+            _routed[0] += 1
+            self.routed = True
         for lib in self.libraries:
             try:
                 self.states.append((lib, lib.begin(self.device, stream, pool_id)))
@@ -398,6 +404,10 @@ class ForeignSession:
                 keep.update(lib.end(state, on_capture_thread))
             except BaseException as exc:
                 first = first or exc
+        if self.routed:
+            self.routed = False
+            with capture_begin_lock:
+                _routed[0] -= 1
         release_parked_pools()
         if first is not None:
             raise first

@@ -84,14 +84,15 @@ cdef class CUDAGraphBase(ReplayBase):
             self._begin_locked(pool_id, mode, stream, foreign)
             register_open(self, self._device, <uintptr_t>self._capture_stream, self._mode, self._capture_thread,
                           site)
-        session = self._foreign
-        if session is not None:
-            try:
-                session.begin(self._capture_stream_obj, pool_id)
-                self._conds.foreign = session
-            except BaseException:
-                self._abort()
-                raise
+            session = self._foreign
+            if session is not None:
+                # under the lock: a pool is let go only while no session is routed
+                try:
+                    session.begin(self._capture_stream_obj, pool_id)
+                    self._conds.foreign = session
+                except BaseException:
+                    self._abort()
+                    raise
 
     cdef int _begin_locked(self, long long pool_id, int mode, stream, foreign) except -1:
         try:
@@ -223,7 +224,7 @@ cdef class CUDAGraphBase(ReplayBase):
             # last, and its error kept for the caller to raise once its own
             # teardown is done: a library must not leave ours half restored
             try:
-                self._cur.kept.update(session.end(on_thread))
+                self._cur.foreign_holds.update(session.end(on_thread))
             except BaseException as exc:
                 self._foreign_error = exc
         return 0

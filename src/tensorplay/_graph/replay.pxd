@@ -14,6 +14,7 @@ cdef class Executable:
     # that cuGraphExec*SetParams knows the executable's nodes by.
     cdef cydriver.CUgraph exec_graph
     cdef dict kept                  # id -> storage from outside the pool that the captured work uses
+    cdef dict foreign_holds         # what other libraries' captured work needs (PyTorch's pool)
     cdef dict conditionals          # conditional node -> (kind, [body graphs], handle), for describe()
     cdef long long pool_id
     cdef bint has_pool

@@ -60,6 +60,7 @@ cdef class Executable:
         self.handle = NULL
         self.exec_graph = NULL
         self.kept = {}
+        self.foreign_holds = {}
         self.conditionals = {}
         self.pool_id = 0
         self.has_pool = False
@@ -121,6 +122,7 @@ cdef class Executable:
             except BaseException:
                 pass
             self.has_pool = False
+        self.foreign_holds = {}         # last: letting PyTorch's pool go may free memory
 
 
 # no_gc_clear: __dealloc__ destroys the executable with what these fields
