@@ -33,6 +33,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import numpy
+
 from tensorplay._driver.stream import Stream, current_stream_handle_of
 from tensorplay._memory.allocator import allocate
 from tensorplay._tensor.base import TensorBase
@@ -447,8 +449,10 @@ def explain_capture_error(exc: BaseException) -> BaseException | None:
 # ------------------------------------------------------------------ tensors at the graph boundary
 
 def is_foreign_tensor(obj: object) -> bool:
-    """True for another library's array (DLPack or the CUDA Array Interface)."""
-    return not isinstance(obj, TensorBase) and (
+    """True for another library's array (DLPack or the CUDA Array Interface);
+    not for NumPy arrays, which are host data where the graph API takes them
+    (staging copies them, rebinding refuses them)."""
+    return not isinstance(obj, (TensorBase, numpy.ndarray)) and (
         hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__"))
 
 

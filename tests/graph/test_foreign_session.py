@@ -384,7 +384,7 @@ def test_is_foreign_tensor():
 
         def __dlpack_device__(self):
             return (2, 0)
-    assert foreign.is_foreign_tensor(np.zeros(3))
+    assert not foreign.is_foreign_tensor(np.zeros(3))        # host data, taken as before
     assert foreign.is_foreign_tensor(Cai()) and foreign.is_foreign_tensor(Dl())
     assert not foreign.is_foreign_tensor(tp.zeros(3))
     for obj in (3, 2.5, "s", None, [1, 2], (1,), b"x"):
@@ -397,17 +397,29 @@ def test_graph_tensor():
     for obj in (3, 2.5, "s", None, [1, 2], (1, 2)):
         assert foreign.graph_tensor(obj) is obj
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    v = foreign.graph_tensor(a)
+    assert foreign.graph_tensor(a) is a            # NumPy arrays are host data, not converted
+
+    class Dl:                                      # another library's array on the host
+        def __init__(self):
+            self.a = np.arange(6, dtype=np.float32)
+
+        def __dlpack__(self, stream=None, **kwargs):
+            return self.a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+    d = Dl()
+    v = foreign.graph_tensor(d)
     assert isinstance(v, tp.Tensor) and not v.is_cuda
-    assert v.shape == (2, 3) and v.dtype is tp.float32 and v.data_ptr() == a.ctypes.data
-    v.fill_(4.0)
-    assert a.sum() == 24.0                         # the same memory
+    assert v.shape == (6,) and v.dtype is tp.float32 and v.data_ptr() == d.a.ctypes.data
 
 
 def test_graph_tensor_before_tensorplay_is_whole(monkeypatch):
     monkeypatch.setattr(foreign, "foreign_converter", lambda: None)
-    with pytest.raises(TypeError, match="ndarray cannot be used here"):
-        foreign.graph_tensor(np.zeros(2))
+    class Cai:
+        __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
+    with pytest.raises(TypeError, match="Cai cannot be used here"):
+        foreign.graph_tensor(Cai())
     assert foreign.graph_tensor(5) == 5
 
 
