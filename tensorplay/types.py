@@ -87,16 +87,22 @@ class SupportsDLPack(Protocol):
     """Another library's array exporting DLPack (``__dlpack__`` and
     ``__dlpack_device__``), as PyTorch, CuPy and JAX arrays do."""
 
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        """Export the array as a DLPack capsule."""
+        ...
 
-    def __dlpack_device__(self) -> Any: ...
+    def __dlpack_device__(self) -> Any:
+        """Return the array's (device type, device index)."""
+        ...
 
 
 class SupportsCudaArrayInterface(Protocol):
     """Another library's CUDA array exporting ``__cuda_array_interface__``."""
 
     @property
-    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The array's description: shape, typestr, data pointer, strides."""
+        ...
 
 
 #: A tensor where the graph API takes one: a tensorplay tensor, or another

@@ -123,7 +123,8 @@ def _public_objects():
             if isinstance(obj, (tp.dtype, tuple, type(tp))) or name in ("Number", "TensorOrNumber",
                                                                        "DeviceLike", "DTypeLike", "Size",
                                                                        "Dims", "StreamLike",
-                                                                       "CaptureErrorMode", "PoolLike", "Activation"):
+                                                                       "CaptureErrorMode", "PoolLike", "Activation",
+                                                                       "TensorLike"):
                 continue                              # data, modules and type aliases
             out.append((f"{module.__name__}.{name}", obj))
     for cls in (tp.Tensor, CUDAGraph):

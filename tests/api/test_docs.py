@@ -130,7 +130,7 @@ def test_api_signatures_show_types_and_no_self(html):
                 "tensorplay.max(input: Tensor, dim: int, keepdim: bool = False) \u2192 max",
                 "class tensorplay.cuda.Stream(device: DeviceLike = None, priority: int = 0)",
                 "capture_begin(pool: PoolLike = None, capture_error_mode: CaptureErrorMode = 'global', "
-                "stream: StreamLike | None = None) \u2192 None"):
+                "stream: StreamLike | None = None, foreign: bool | None = None) \u2192 None"):
         assert any(s.endswith(sig) or s == sig for s in sigs), f"signature not in the reference: {sig}"
 
 
