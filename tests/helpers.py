@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import tensorplay as tp
 
@@ -322,3 +323,46 @@ def host_values(folder, op, out, seed, offset, n, scalars=(), inp=None, variant=
     args.append(res.ctypes.data_as(ctypes.c_void_p))
     lib.tp_run(*args)
     return res
+
+
+def capture_construct(g, construct, work, out, control, *, other, recheck, advance):
+    """Capture another library's ``work`` into ``g`` under ``construct``:
+    "graph" (``work.write(out)``), "if_else" (write, else ``other(out)``),
+    "while" (``work.accumulate(out)`` then ``advance(control)`` while
+    ``recheck(control)`` sets ``control.pred``) or "switch" (case 0 writes,
+    case 1 ``other(out)``, case 2 empty, on ``control.index``)."""
+    with tp.cuda.graph(g):
+        if construct == "graph":
+            work.write(out)
+        elif construct == "if_else":
+            with g.if_else(control.pred) as (then, otherwise):
+                with then:
+                    work.write(out)
+                with otherwise:
+                    other(out)
+        elif construct == "while":
+            recheck(control)
+            with g.while_(control.pred):
+                work.accumulate(out)
+                advance(control)
+                recheck(control)
+        else:
+            with g.switch(control.index, 3) as cases:
+                with cases[0]:
+                    work.write(out)
+                with cases[1]:
+                    other(out)
+
+
+@pytest.fixture
+def torch_cuda():
+    """PyTorch with CUDA, autograd off for the test (skips without them); the
+    thread's cuBLAS handle made first, as an eager run of a model would have.
+    Test modules import it under the name ``torch``."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    torch.cuda.current_blas_handle()
+    with torch.no_grad():
+        yield torch
+    torch.cuda.synchronize()

@@ -14,20 +14,10 @@ import tensorplay as tp
 from tensorplay._testing import staged_builds, stages_in_one_launch
 from tensorplay.cuda import CUDAGraph
 
+from helpers import torch_cuda as torch  # noqa: F401 (a fixture)
+
 pytestmark = pytest.mark.cuda
 N = 1 << 20                     # 1M float32: 4 MiB
-
-
-@pytest.fixture
-def torch():
-    """PyTorch with CUDA, autograd off for the test (skips without them)."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA GPU")
-    torch.cuda.current_blas_handle()          # as an eager run would have made it
-    with torch.no_grad():
-        yield torch
-    torch.cuda.synchronize()
 
 
 # ------------------------------------------------------------------ stage_and_launch

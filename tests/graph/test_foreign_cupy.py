@@ -16,6 +16,8 @@ import pytest
 import tensorplay as tp
 from tensorplay.cuda import CUDAGraph
 
+from helpers import capture_construct
+
 pytestmark = pytest.mark.cuda
 MiB = 1 << 20
 N = 1 << 20                     # 1M float32: 4 MiB
@@ -75,6 +77,10 @@ def _work(cp, name):
     raise AssertionError(name)
 
 
+def _advance(c):
+    c.count += 1
+
+
 class Control:
     def __init__(self, cp):
         self.pred = cp.zeros(1, dtype=cp.bool_)
@@ -100,27 +106,8 @@ def test_cupy_work_in_graphs_and_conditional_bodies(cp, workload, construct):
     cp.less(c.count, c.limit, out=c.pred)
     _sync(cp)
     g = CUDAGraph()
-    with tp.cuda.graph(g):
-        if construct == "graph":
-            work.write(out)
-        elif construct == "if_else":
-            with g.if_else(c.pred) as (then, otherwise):
-                with then:
-                    work.write(out)
-                with otherwise:
-                    out.fill(-7.0)
-        elif construct == "while":
-            cp.less(c.count, c.limit, out=c.pred)
-            with g.while_(c.pred):
-                work.accumulate(out)
-                c.count += 1
-                cp.less(c.count, c.limit, out=c.pred)
-        else:
-            with g.switch(c.index, 3) as cases:
-                with cases[0]:
-                    work.write(out)
-                with cases[1]:
-                    out.fill(-7.0)
+    capture_construct(g, construct, work, out, c, other=lambda o: o.fill(-7.0),
+                      recheck=lambda c: cp.less(c.count, c.limit, out=c.pred), advance=_advance)
     assert cp.cuda.get_current_stream().ptr == tp.cuda.current_stream().handle
     for v in PLANS[construct]:
         work.refresh()

@@ -447,7 +447,21 @@ class FakeMemPool:
         return self.segments
 
 
-class FakeTorch:
+class FakeDevices:
+    """The current device of a fake library, and its ``device(d)`` block."""
+
+    device_now = 0
+
+    @contextlib.contextmanager
+    def device(self, d):
+        prev, self.device_now = self.device_now, d
+        try:
+            yield
+        finally:
+            self.device_now = prev
+
+
+class FakeTorch(FakeDevices):
     """``torch`` as TorchLibrary uses it: ``torch.cuda`` (two devices, each
     with its current stream, one current device) and
     ``torch._C._cuda_checkPoolLiveAllocations``."""
@@ -489,13 +503,6 @@ class FakeTorch:
         self.log.append(("external", handle, device))
         return FakeTorchStream(handle, device)
 
-    @contextlib.contextmanager
-    def device(self, d):
-        prev, self.device_now = self.device_now, d
-        try:
-            yield
-        finally:
-            self.device_now = prev
 
     def mem_pool(self):
         self.log.append(("mem_pool", self.device_now))
@@ -691,7 +698,7 @@ class FakeCupyStream:
         return self
 
 
-class FakeCupy:
+class FakeCupy(FakeDevices):
     """``cupy`` as CupyLibrary uses it: ``cupy.cuda`` with a current stream
     per device, a device context, the allocator hook and memory wrappers."""
 
@@ -706,13 +713,6 @@ class FakeCupy:
             ExternalStream=self.external_stream, using_allocator=self.using_allocator,
             UnownedMemory=self.unowned_memory, MemoryPointer=self.memory_pointer))
 
-    @contextlib.contextmanager
-    def device(self, d):
-        prev, self.device_now = self.device_now, d
-        try:
-            yield
-        finally:
-            self.device_now = prev
 
     def external_stream(self, ptr, device_id=-1):
         if self.fail_use:

@@ -19,23 +19,11 @@ import tensorplay as tp
 from tensorplay._graph import foreign
 from tensorplay.cuda import CUDAGraph
 
+from helpers import capture_construct, torch_cuda as torch  # noqa: F401 (a fixture)
+
 pytestmark = pytest.mark.cuda
 MiB = 1 << 20
 N = 1 << 20                     # 1M float32: 4 MiB
-
-
-@pytest.fixture
-def torch():
-    """PyTorch with CUDA, autograd off for the test (skips without them)."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA GPU")
-    # this thread's cuBLAS handle and its workspace on the default stream, as
-    # an eager run of the model would have made them (a fresh thread: below)
-    torch.cuda.current_blas_handle()
-    with torch.no_grad():
-        yield torch
-    torch.cuda.synchronize()
 
 
 # ------------------------------------------------------------------ Triton
@@ -161,28 +149,9 @@ def _warm(torch, work, out, c):
 
 
 def _capture(torch, g, construct, work, out, c):
-    with tp.cuda.graph(g):
-        if construct == "graph":
-            work.write(out)
-        elif construct == "if_else":
-            with g.if_else(c.pred) as (then, otherwise):
-                with then:
-                    work.write(out)
-                with otherwise:
-                    out.fill_(-7.0)
-        elif construct == "while":
-            torch.lt(c.count, c.limit, out=c.pred)
-            with g.while_(c.pred):
-                work.accumulate(out)
-                c.count.add_(1)
-                torch.lt(c.count, c.limit, out=c.pred)
-        else:
-            with g.switch(c.index, 3) as cases:
-                with cases[0]:
-                    work.write(out)
-                with cases[1]:
-                    out.fill_(-7.0)
-                                                  # case 2 left empty
+    capture_construct(g, construct, work, out, c, other=lambda o: o.fill_(-7.0),
+                      recheck=lambda c: torch.lt(c.count, c.limit, out=c.pred),
+                      advance=lambda c: c.count.add_(1))
 
 
 PLANS = {"graph": [None, None, None], "if_else": [True, False, True], "while": [3, 0, 1],
