@@ -265,6 +265,19 @@ class _CupyBlock:
         self.allocation = allocation
 
 
+def _cupy_stream(cupy: Any, stream: Stream, device: int) -> Any:
+    """CuPy's stream over ``stream``: ``Stream.from_external`` (CuPy 14, by
+    the CUDA stream protocol our streams speak), else ``ExternalStream``,
+    which CuPy 14 deprecates."""
+    from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(stream)
+        except Exception:
+            pass
+    return cupy.cuda.ExternalStream(stream.handle, device)
+
+
 class CupyLibrary(Library):
     """CuPy: ``ExternalStream(...).use()`` over the capture's stream;
     allocations through ``cupy.cuda.using_allocator`` into tensorplay's
@@ -292,7 +305,7 @@ class CupyLibrary(Library):
             routing = cupy.cuda.using_allocator(allocate_in_capture)
             routing.__enter__()
             try:
-                cupy.cuda.ExternalStream(stream.handle, device).use()
+                _cupy_stream(cupy, stream, device).use()
             except BaseException:
                 routing.__exit__(None, None, None)
                 raise
@@ -301,7 +314,7 @@ class CupyLibrary(Library):
     def follow(self, state: Any, stream: Stream) -> None:
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(state[0]):
-            cupy.cuda.ExternalStream(stream.handle, state[0]).use()
+            _cupy_stream(cupy, stream, state[0]).use()
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
         cupy = sys.modules["cupy"]
