@@ -272,9 +272,11 @@ def _cupy_stream(cupy: Any, stream: Stream, device: int) -> Any:
     from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
     if from_external is not None:
         try:
-            return from_external(stream)
+            wrapped = from_external(stream)
+            if int(wrapped.ptr) == stream.handle and getattr(wrapped, "device_id", device) in (device, -1):
+                return wrapped
         except Exception:
-            pass
+            pass                 # not this CuPy's protocol: the older wrapper below
     return cupy.cuda.ExternalStream(stream.handle, device)
 
 

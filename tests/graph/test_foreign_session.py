@@ -825,8 +825,20 @@ def test_cupy_streams_come_from_from_external_where_cupy_has_it():
         @staticmethod
         def from_external(obj):
             made.append(obj.handle)
-            return types.SimpleNamespace(use=lambda: made.append("use"))
+            return types.SimpleNamespace(ptr=obj.handle, device_id=0, use=lambda: made.append("use"))
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Stream=Stream, ExternalStream=lambda *a: pytest.fail("the deprecated ExternalStream was used")))
     foreign._cupy_stream(cupy, CaptureStream(0x2000), 0).use()
     assert made == [0x2000, "use"]
+
+
+def test_a_cupy_stream_that_wraps_another_handle_is_not_used():
+    class Stream:
+        @staticmethod
+        def from_external(obj):
+            return types.SimpleNamespace(ptr=obj.handle + 1, device_id=0)
+    made = []
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Stream=Stream, ExternalStream=lambda h, d: made.append((h, d)) or "external"))
+    assert foreign._cupy_stream(cupy, CaptureStream(0x2000), 0) == "external"
+    assert made == [(0x2000, 0)]
