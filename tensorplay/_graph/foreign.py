@@ -266,17 +266,8 @@ class _CupyBlock:
 
 
 def _cupy_stream(cupy: Any, stream: Stream, device: int) -> Any:
-    """CuPy's stream over ``stream``: ``Stream.from_external`` (CuPy 14, by
-    the CUDA stream protocol our streams speak), else ``ExternalStream``,
-    which CuPy 14 deprecates."""
-    from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
-    if from_external is not None:
-        try:
-            wrapped = from_external(stream)
-            if int(wrapped.ptr) == stream.handle and getattr(wrapped, "device_id", device) in (device, -1):
-                return wrapped
-        except Exception:
-            pass                 # not this CuPy's protocol: the older wrapper below
+    """CuPy's stream over ``stream``. (CuPy 14 deprecates ExternalStream for
+    Stream.from_external; a DeprecationWarning, hidden by default.)"""
     return cupy.cuda.ExternalStream(stream.handle, device)
 
 

@@ -115,7 +115,8 @@ def test_cudagraphify_runs_a_signature_eagerly_after_its_capture_fails():
     graphed = cudagraphs.cudagraphify(host_read)
     with pytest.warns(RuntimeWarning, match="could not be captured") as caught:
         y = graphed(x)
-    assert len(caught) == 1
+    # one warning of ours (another library followed in the capture may add a DeprecationWarning)
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
     assert y.tolist() == [4.0] * 4
     with warnings.catch_warnings():
         warnings.simplefilter("error")     # no second warning, no second capture attempt

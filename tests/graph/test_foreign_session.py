@@ -817,28 +817,3 @@ def test_a_session_over_both_fakes(fake_torch, fake_cupy, libraries):
     assert fake_torch.current_stream(0).cuda_stream == 0x77 and fake_cupy.current[0].ptr == 0x88
     assert [type(v) for v in keep.values()] == [foreign._PoolHold]
 
-
-def test_cupy_streams_come_from_from_external_where_cupy_has_it():
-    made = []
-
-    class Stream:
-        @staticmethod
-        def from_external(obj):
-            made.append(obj.handle)
-            return types.SimpleNamespace(ptr=obj.handle, device_id=0, use=lambda: made.append("use"))
-    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Stream=Stream, ExternalStream=lambda *a: pytest.fail("the deprecated ExternalStream was used")))
-    foreign._cupy_stream(cupy, CaptureStream(0x2000), 0).use()
-    assert made == [0x2000, "use"]
-
-
-def test_a_cupy_stream_that_wraps_another_handle_is_not_used():
-    class Stream:
-        @staticmethod
-        def from_external(obj):
-            return types.SimpleNamespace(ptr=obj.handle + 1, device_id=0)
-    made = []
-    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Stream=Stream, ExternalStream=lambda h, d: made.append((h, d)) or "external"))
-    assert foreign._cupy_stream(cupy, CaptureStream(0x2000), 0) == "external"
-    assert made == [(0x2000, 0)]
