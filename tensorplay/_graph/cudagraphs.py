@@ -138,12 +138,13 @@ class CUDAGraphified(Generic[P, R]):
         self._fallbacks = 0
         functools.update_wrapper(self, fn)
 
-    def _signature(self, flat: list[Any], names: list[str]) -> tuple[Any, ...]:
+    def _signature(self, views: list[Any], flat: list[Any], names: list[str]) -> tuple[Any, ...]:
+        """The call's key, from ``views`` (its arguments, other libraries'
+        tensors as tensorplay views of them; ``flat`` as given)."""
         key: list[Any] = []
-        for a in flat:
-            if is_foreign_tensor(a):
-                a = graph_tensor(a)          # a PyTorch or CuPy tensor: its view has its layout
-                key.append("F")
+        for a, given in zip(views, flat):
+            if a is not given:
+                key.append("F")              # a PyTorch or CuPy tensor: its view has its layout
             if isinstance(a, Tensor):
                 if not a.is_cuda:
                     what = "cudagraphify: tensor arguments must be CUDA tensors"
@@ -163,17 +164,18 @@ class CUDAGraphified(Generic[P, R]):
         """Call the function through its graph: capture on a new signature, then stage and replay."""
         names = sorted(kwargs)
         flat = list(args) + [kwargs[k] for k in names]      # positional, then keywords by name
-        key = self._signature(flat, names)
+        views = [graph_tensor(a) for a in flat]             # converted once per call
+        key = self._signature(views, flat, names)
         if key in self._eager:
             self._fallbacks += 1
             return self.fn(*args, **kwargs)
         with self._lock:
-            return self._through_graph(key, flat, names, args, kwargs)
+            return self._through_graph(key, flat, views, names, args, kwargs)
 
-    def _through_graph(self, key: tuple[Any, ...], flat: list[Any], names: list[str],
+    def _through_graph(self, key: tuple[Any, ...], flat: list[Any], views: list[Any], names: list[str],
                        args: Any, kwargs: Any) -> Any:
         entry = self._entries.get(key)
-        tensors = [a for a in flat if isinstance(a, Tensor) or is_foreign_tensor(a)]
+        tensors = [a for a in views if isinstance(a, Tensor)]     # staged or rebound as views
         if entry is None:
             self._make_room()          # first, so that the capture can reuse the evicted graph's memory
             try:

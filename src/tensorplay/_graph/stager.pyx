@@ -25,7 +25,7 @@ from tensorplay._tensor.base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
 
 import numpy
 
-from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor
+from tensorplay._graph.foreign import graph_tensor
 
 cdef Py_ssize_t g_builds = 0
 
@@ -120,7 +120,7 @@ cdef class Stager:
         for k in range(n):
             obj = inputs[k]
             fast = False
-            if not isinstance(obj, TensorBase) and is_foreign_tensor(obj):
+            if not isinstance(obj, TensorBase):
                 obj = graph_tensor(obj)          # a PyTorch or CuPy tensor: a view of its memory
             if self._contiguous[k] and isinstance(obj, TensorBase):
                 src = <TensorBase>obj
