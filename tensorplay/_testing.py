@@ -8,7 +8,8 @@ move without the tests reaching into it.
 
 - ``DeviceAllocator`` with ``FakeBackend``: the allocator's block policy on a
   fake device (``DeviceAllocator(0, FakeBackend())``), without a GPU;
-  ``note_capture_use`` marks a storage used by the open capture.
+  ``note_capture_use`` marks a storage used by the open capture;
+  ``make_sleepable(pool_id)`` gives a pool id sleepable segments.
 - ``bound_device()``: the device whose context this thread made current.
 - ``staged_builds()``: how many one-launch staging graphs were built.
 - ``rebind_patch_calls(graph)``, ``stages_in_one_launch(graph)``: a graph's
@@ -23,12 +24,12 @@ move without the tests reaching into it.
 from tensorplay._driver.context import bound_device
 from tensorplay._driver.pinned import PinnedMemory, free_pending_pinned, pinned_memory_of, pinned_memory_stats
 from tensorplay._graph.stager import staged_builds
-from tensorplay._memory.allocator import DeviceAllocator, note_capture_use
+from tensorplay._memory.allocator import DeviceAllocator, make_sleepable, note_capture_use
 from tensorplay._memory.testing import FakeBackend
 from tensorplay.cuda import CUDAGraph
 
 __all__ = ["DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "free_pending_pinned",
-           "note_capture_use", "pinned_memory_of", "pinned_memory_stats", "rebind_patch_calls",
+           "make_sleepable", "note_capture_use", "pinned_memory_of", "pinned_memory_stats", "rebind_patch_calls",
            "stages_in_one_launch", "staged_builds"]
 
 

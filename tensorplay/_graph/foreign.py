@@ -36,7 +36,8 @@ from typing import Any
 import numpy
 
 from tensorplay._driver.stream import Stream, current_stream_handle_of
-from tensorplay._memory.allocator import allocate
+from tensorplay._memory import vmm
+from tensorplay._memory.allocator import allocate, is_sleepable
 from tensorplay._tensor.base import TensorBase
 from tensorplay._tensor.transfer import foreign_converter
 from tensorplay._graph.registry import open_captures
@@ -176,6 +177,7 @@ class TorchLibrary(Library):
         self._pools: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self._streams: dict[tuple[int, int], Any] = {}   # PyTorch's wrappers of our streams
+        self._allocator: Any = None                        # for sleepable pools' MemPools
 
     def _external(self, device: int, stream: Stream) -> Any:
         """PyTorch's ExternalStream over ``stream`` (kept: captures reuse their streams)."""
@@ -216,15 +218,29 @@ class TorchLibrary(Library):
                 clear()
 
     def mem_pool(self, device: int, pool_id: int) -> Any:
-        """PyTorch's pool for tensorplay pool ``pool_id`` on ``device``."""
+        """PyTorch's pool for tensorplay pool ``pool_id`` on ``device``; a
+        sleepable pool's takes its segments from tensorplay's sleepable
+        segments, registered under ``pool_id`` (so they sleep with it)."""
         torch = sys.modules["torch"]
         with self._lock:
             pool = self._pools.get((device, pool_id))
             if pool is None:
                 with torch.cuda.device(device):
-                    pool = torch.cuda.MemPool()
+                    if is_sleepable(pool_id):
+                        pool = torch.cuda.MemPool(self._sleepable_allocator())
+                    else:
+                        pool = torch.cuda.MemPool()
                 self._pools[(device, pool_id)] = pool
             return pool
+
+    def _sleepable_allocator(self) -> Any:
+        """PyTorch's allocator object over tensorplay's exported segment
+        functions (tensorplay._memory.vmm), made once."""
+        if self._allocator is None:
+            memory = sys.modules["torch"].cuda.memory
+            self._allocator = memory.CUDAPluggableAllocator(vmm.library_path(), vmm.TORCH_MALLOC,
+                                                            vmm.TORCH_FREE).allocator()
+        return self._allocator
 
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         torch = sys.modules["torch"]

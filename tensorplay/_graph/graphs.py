@@ -30,6 +30,7 @@ from tensorplay.types import CaptureErrorMode, PoolLike, StreamLike, TensorLike
 from tensorplay._graph import dot as _dot
 from tensorplay._graph import structured as _structured
 from tensorplay._graph.foreign import ForeignRandomError, explain_capture_error, graph_tensor, is_foreign_tensor
+from tensorplay._graph.pools import GraphPool
 
 if TYPE_CHECKING:
     from tensorplay._tensor.tensor import Tensor
@@ -48,17 +49,19 @@ __all__ = ["CUDAGraph", "ForeignRandomError", "graph", "graph_pool_handle", "is_
            "make_graphed_callables"]
 
 
-def _pool_id_of(pool: PoolLike) -> int:
+def pool_id_of(pool: PoolLike) -> int:
     if pool is None:
         return graph_pool_handle()
+    if isinstance(pool, GraphPool):
+        return pool.id
     if isinstance(pool, CUDAGraph):
         pid = pool.pool_id
         if pid is None:
             raise ValueError("pool: that graph has not captured anything, so it has no pool to share")
         return pid
     if isinstance(pool, bool) or not isinstance(pool, numbers.Integral):
-        raise TypeError(f"pool must be None, an id from graph_pool_handle(), a graph's pool_id or a "
-                        f"CUDAGraph, got {type(pool).__name__}")
+        raise TypeError(f"pool must be None, a GraphPool, an id from graph_pool_handle(), a graph's pool_id "
+                        f"or a CUDAGraph, got {type(pool).__name__}")
     if pool <= 0:
         raise ValueError(f"pool ids are positive (from graph_pool_handle()), got {pool}")
     return int(pool)
@@ -170,7 +173,7 @@ class CUDAGraph(CUDAGraphBase):
         if foreign is not None and not isinstance(foreign, bool):
             raise TypeError(f"capture_begin: foreign must be None, True or False, got {type(foreign).__name__}")
         previous = self.pool_id if pool is None and self.is_instantiated and not self.is_capturing else None
-        pool_id = previous if previous is not None else _pool_id_of(pool)
+        pool_id = previous if previous is not None else pool_id_of(pool)
         mode = _mode_of(capture_error_mode)
         self._capture_begin(pool_id, mode, stream, foreign)
 
@@ -677,7 +680,7 @@ def make_graphed_callables(callables: Callable[..., Any] | Sequence[Callable[...
             what = "make_graphed_callables: sample args must be CUDA tensors"
             require_cuda(what)                # on a machine without CUDA, that is the news
             raise TypeError(what)
-    pool_id = _pool_id_of(pool)
+    pool_id = pool_id_of(pool)
     graphed = []
     for fn, args in zip(fns, arg_lists):
         static = [a.clone() for a in args]

@@ -157,7 +157,13 @@ def as_tensor(data, dtype=None, device=None):
     if isinstance(obj, Tensor):
         t = obj
     elif hasattr(obj, "__cuda_array_interface__"):
-        t = _from_cuda_array_interface(obj)
+        try:
+            t = _from_cuda_array_interface(obj)
+        except TypeError:
+            if not hasattr(obj, "__dlpack__"):
+                raise
+            # the interface has no typestr for some dtypes (PyTorch's bfloat16: '<V2'); DLPack has
+            t = from_dlpack(obj)
     elif hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
         t = from_dlpack(obj)
     elif isinstance(obj, np.ndarray) and obj.dtype.isnative:

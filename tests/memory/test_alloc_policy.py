@@ -11,8 +11,8 @@ import random
 import pytest
 
 from tensorplay._memory.pool import segment_bytes
-from tensorplay._testing import DeviceAllocator, FakeBackend, note_capture_use
-from tensorplay.cuda import OutOfMemoryError
+from tensorplay._testing import DeviceAllocator, FakeBackend, make_sleepable, note_capture_use
+from tensorplay.cuda import OutOfMemoryError, PoolAsleepError
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -495,8 +495,9 @@ def test_stats_use_pytorch_names():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_workloads_keep_the_invariants(seed):
     """Allocations and frees of 512 B to 64 MiB on three streams, record_stream,
-    events completing at random, captures with nested bodies, empty_cache and
-    memory pressure. After every step: live blocks never overlap, and no block
+    events completing at random, captures with nested bodies (one pool of
+    sleepable, address-reserved segments that sleeps and wakes at random),
+    empty_cache and memory pressure. After every step: live blocks never overlap, and no block
     is handed out while a stream that used it may still run; every 50 steps the
     block structures are checked whole."""
     rng = random.Random(seed)
@@ -507,6 +508,11 @@ def test_random_workloads_keep_the_invariants(seed):
     completions = {s: 0 for s in streams}
     capture = None
     next_cid = [5000]
+    sleepy = (1 << 40) + 100 + seed
+    make_sleepable(sleepy)
+
+    def asleep():
+        return a.stats().get(f"pool.{sleepy}.asleep", 0) == 1
 
     def size():
         return int(2 ** rng.uniform(9, 26))
@@ -525,10 +531,15 @@ def test_random_workloads_keep_the_invariants(seed):
         if capture is not None and capture.bodies and rng.random() < 0.5:
             stream = capture.bodies[-1]
         if r < 0.45:
+            retries = a.stats()["num_alloc_retries"]
             try:
                 t = a.allocate(size(), stream)
             except OutOfMemoryError:      # memory pressure: the cache was released first
                 continue
+            finally:
+                if a.stats()["num_alloc_retries"] != retries:
+                    for s in streams:     # releasing the cache waited for every pending event
+                        completions[s] += 1
             check_new(t)
             live[id(t)] = (t, t.ptr, t.ptr + t.size)
         elif r < 0.85 and live:
@@ -547,7 +558,12 @@ def test_random_workloads_keep_the_invariants(seed):
         elif r < 0.95:
             if capture is None:
                 next_cid[0] += 1
-                capture = Capture(a, fb, pool=rng.choice([1, 2, 3]), cid=next_cid[0],
+                pool = rng.choice([1, 2, 3, sleepy])
+                if pool == sleepy and asleep():
+                    with pytest.raises(PoolAsleepError):
+                        a.begin_capture(pool, next_cid[0], rng.choice(streams))
+                    continue
+                capture = Capture(a, fb, pool=pool, cid=next_cid[0],
                                   stream=rng.choice(streams)).__enter__()
             elif len(capture.bodies) < 2 and rng.random() < 0.5:
                 next_cid[0] += 1
@@ -558,11 +574,21 @@ def test_random_workloads_keep_the_invariants(seed):
                 capture.__exit__(None, None, None)
                 capture.release()
                 capture = None
-        elif capture is None:
+        elif capture is None and r < 0.975:
             a.empty_cache()
             for s in streams:       # empty_cache waits for every pending event
                 fb.complete(s)
                 completions[s] += 1
+        elif capture is None:
+            if asleep():
+                try:
+                    a.wake_pool(sleepy)
+                except OutOfMemoryError:      # the others took the memory meanwhile
+                    pass
+            elif a.get_pool(sleepy, False) is not None:
+                a.sleep_pool(sleepy)
+                for s in streams:   # sleep synchronizes the device
+                    completions[s] += 1
         if step % 50 == 0:
             a.check_invariants()
         assert fb.used == reserved(a)

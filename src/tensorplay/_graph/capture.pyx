@@ -176,6 +176,7 @@ cdef class CUDAGraphBase(ReplayBase):
         self._device = dev
         cur.pool_id = pool_id
         cur.has_pool = True
+        cur.pool = self._capture_state.pool
         self._capture_stream = s._handle
         self._capture_stream_obj = s
         self._prev_stream = prev_obj

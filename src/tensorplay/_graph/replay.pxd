@@ -3,6 +3,7 @@ from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
 from tensorplay._graph.rebind cimport Rebinder
+from tensorplay._memory.pool cimport Pool
 from tensorplay._graph.stager cimport Stager
 
 
@@ -18,6 +19,7 @@ cdef class Executable:
     cdef dict conditionals          # conditional node -> (kind, [body graphs], handle), for describe()
     cdef long long pool_id
     cdef bint has_pool
+    cdef Pool pool                  # the pool object while held: replays are refused while it sleeps
 
     cdef object update(self, cydriver.CUgraph g)
     cdef void take_updated(self, Executable previous) noexcept
@@ -43,5 +45,6 @@ cdef class ReplayBase:
     cdef void _drop_stager(self) noexcept
     cdef int _note_replay_stream(self, uintptr_t stream) except -1
     cdef int _replay_error(self, str what) except -1
+    cdef int _asleep_error(self, str what) except -1
     cdef void retire_previous(self) noexcept
     cdef void release_executables(self) noexcept

@@ -20,6 +20,7 @@ from tensorplay._graph.stager cimport Stager, check_stage_arguments, make_stager
 
 import os
 
+from tensorplay._memory.allocator import PoolAsleepError
 from tensorplay._memory.api import allocator as _allocator
 
 cdef uintptr_t NO_STREAM = <uintptr_t>-1     # no replay yet (0 is the legacy default stream)
@@ -122,6 +123,7 @@ cdef class Executable:
             except BaseException:
                 pass
             self.has_pool = False
+        self.pool = None
         self.foreign_holds = {}         # last: letting PyTorch's pool go may free memory
 
 
@@ -156,6 +158,8 @@ cdef class ReplayBase:
         cdef cydriver.CUgraphExec handle = self._cur.handle
         if handle == NULL:
             self._replay_error("replay")
+        if self._cur.pool is not None and self._cur.pool.asleep:
+            self._asleep_error("replay")
         if stream is None:
             s = current_stream_handle(self._device)
         else:
@@ -201,6 +205,8 @@ cdef class ReplayBase:
         cdef Executable cur = self._cur
         if cur.handle == NULL:
             self._replay_error("stage_and_launch")
+        if cur.pool is not None and cur.pool.asleep:
+            self._asleep_error("stage_and_launch")
         check_stage_arguments(static_inputs, inputs)
         stream = current_stream_handle(self._device)
         if stager is None or not stager.holds(static_inputs):
@@ -246,6 +252,8 @@ cdef class ReplayBase:
         cdef Rebinder r
         if self._cur.handle == NULL:
             self._replay_error("rebind_and_launch")
+        if self._cur.pool is not None and self._cur.pool.asleep:
+            self._asleep_error("rebind_and_launch")
         stream = current_stream_handle(self._device)
         r = self._rebinder_for(static_inputs, static_outputs, "rebind_and_launch")
         if <uintptr_t>stream != self._last_replay_stream:
@@ -302,6 +310,10 @@ cdef class ReplayBase:
         self._replay_streams.add(stream)
         self._last_replay_stream = stream
         return 0
+
+    cdef int _asleep_error(self, str what) except -1:
+        raise PoolAsleepError(f"{what}: the graph's memory pool {self._cur.pool_id} is asleep (sleep() gave its "
+                              f"memory back); call wake() on it first")
 
     cdef int _replay_error(self, str what) except -1:
         """Say why ``what`` (the public method called) finds no executable."""

@@ -29,7 +29,7 @@ from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport MAX_DEVICES, check, count_open_capture, open_capture_count, validate_device
 from tensorplay._driver.stream cimport current_stream_handle
-from tensorplay._memory.pool cimport ALL, SMALL_SIZE, kind_of, round_size, segment_size
+from tensorplay._memory.pool cimport ALL, LARGE, SMALL, SMALL_SIZE, kind_of, round_size, segment_size
 
 from tensorplay._driver.context import OutOfMemoryError
 from tensorplay._memory.backend import DriverBackend
@@ -39,6 +39,22 @@ import itertools
 import threading
 
 cdef object _capture_serials = itertools.count(1)
+cdef set _sleepable_ids = set()              # pool ids whose segments can sleep (every device)
+
+
+class PoolAsleepError(RuntimeError):
+    """A graph or a capture needs a memory pool whose memory was given back
+    by ``sleep()``; ``wake()`` it first."""
+
+
+def make_sleepable(long long pool_id):
+    """Give pool ``pool_id`` sleepable segments on every device (before it
+    allocates: graph_pool_handle(sleepable=True))."""
+    _sleepable_ids.add(pool_id)
+
+
+def is_sleepable(long long pool_id):
+    return pool_id in _sleepable_ids
 cdef object _tls = threading.local()         # .captures: this thread's open captures, innermost last
 
 
@@ -121,9 +137,62 @@ cdef class DeviceAllocator:
     def get_pool(self, long long pool_id, bint create=True):
         p = self.pools.get(pool_id)
         if p is None and create:
-            p = Pool(pool_id, self.device)
+            sleepable = pool_id in _sleepable_ids
+            if sleepable and not self.backend.supports_sleep():
+                raise RuntimeError(f"memory pool {pool_id} is sleepable, but cuda:{self.device} does not support "
+                                   f"virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_"
+                                   f"SUPPORTED); use a pool made with sleepable=False")
+            p = Pool(pool_id, self.device, sleepable)
             self.pools[pool_id] = p
         return p
+
+    def sleep_pool(self, long long pool_id):
+        """Give the physical memory of pool ``pool_id`` back to the device,
+        keeping its addresses (graphs over it stay instantiated); return the
+        bytes given back. Waits for the device's queued work first. Contents
+        are lost. Refused while a capture is under way."""
+        cdef Pool p = self.get_pool(pool_id)
+        cdef size_t n = 0, small = 0, large = 0
+        if not p.sleepable:
+            raise ValueError(f"memory pool {pool_id} cannot sleep: it was made without sleepable segments "
+                             f"(use tensorplay.cuda.GraphPool(sleepable=True) or graph_pool_handle(sleepable=True))")
+        if p.asleep:
+            return 0
+        if open_capture_count() > 0:
+            raise RuntimeError(f"sleep: a CUDA graph capture is under way; memory pool {pool_id} can sleep once "
+                               f"it ends (unmapping memory would invalidate the capture)")
+        if p.capture is not None:
+            raise RuntimeError(f"sleep: memory pool {pool_id} is being captured into")
+        self.backend.synchronize()          # replays still queued may use the memory
+        p.segment_bytes(&small, &large)
+        p.asleep = True                      # also when the driver fails part-way: replays stay refused
+        stat_add(self.st_reserved_bytes, SMALL, -<long long>small)
+        stat_add(self.st_reserved_bytes, LARGE, -<long long>large)
+        self.backend.sleep_segments(pool_id, &n)
+        return n
+
+    def wake_pool(self, long long pool_id):
+        """Map new physical memory under pool ``pool_id``'s addresses; return
+        the bytes mapped. On failure (out of memory) nothing stays mapped and
+        the pool stays asleep."""
+        cdef Pool p = self.pools.get(pool_id)
+        cdef size_t n = 0, small = 0, large = 0
+        cdef cydriver.CUresult r
+        if p is None or not p.asleep:
+            return 0
+        r = self.backend.wake_segments(pool_id, &n)
+        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
+            self.n_ooms += 1
+            free_b, total_b = self.backend.mem_info()
+            raise OutOfMemoryError(
+                description=(f"wake: memory pool {pool_id} needs its memory back on cuda:{self.device} "
+                             f"({format_bytes(free_b)} free of {format_bytes(total_b)}); it stays asleep"))
+        check(r)
+        p.asleep = False
+        p.segment_bytes(&small, &large)
+        stat_add(self.st_reserved_bytes, SMALL, <long long>small)
+        stat_add(self.st_reserved_bytes, LARGE, <long long>large)
+        return n
 
     def retain_pool(self, long long pool_id):
         cdef Pool p = self.get_pool(pool_id)
@@ -200,6 +269,9 @@ cdef class DeviceAllocator:
         pointer uses register with it (note_capture_use)."""
         cdef Pool pool = self.get_pool(pool_id)
         cdef CaptureState st
+        if pool.asleep:
+            raise PoolAsleepError(f"capture_begin: memory pool {pool_id} is asleep (its memory was given back "
+                                  f"by sleep()); wake() it before capturing into it")
         if pool.capture is not None:
             other = pool.capture
             raise RuntimeError(
@@ -219,6 +291,8 @@ cdef class DeviceAllocator:
         st.ended = False
         pool.capture = st
         self.captures[capture_id] = st
+        if pool.sleepable:
+            self.backend.route_capture(capture_id, pool_id)    # other libraries' segments join the pool
         count_open_capture(1)
         if track:
             _thread_captures().append(st)
@@ -233,6 +307,8 @@ cdef class DeviceAllocator:
         st.bodies.append(f)
         st.aliases[stream] = st.stream
         self.captures[capture_id] = st
+        if st.pool.sleepable:
+            self.backend.route_capture(capture_id, st.pool.id)
 
     def end_body(self, CaptureState st not None):
         """The innermost body of ``st`` ended: its deferred blocks become reusable."""
@@ -245,6 +321,7 @@ cdef class DeviceAllocator:
         cdef Block* b
         cdef vector[Block*] deferred
         self.captures.pop(f.capture_id, None)
+        self.backend.unroute_capture(f.capture_id)
         st.aliases.pop(f.stream, None)
         deferred.swap(f.deferred)
         for b in deferred:
@@ -260,6 +337,7 @@ cdef class DeviceAllocator:
         while st.bodies:
             self._close_body(st, <BodyFrame>st.bodies.pop())
         self.captures.pop(st.capture_id, None)
+        self.backend.unroute_capture(st.capture_id)
         st.ended = True
         st.pool.capture = None
         count_open_capture(-1)
@@ -412,14 +490,24 @@ cdef class DeviceAllocator:
 
     cdef Block* new_segment(self, size_t rsize, uintptr_t stream, Pool pool, bint small) except NULL:
         cdef size_t seg = segment_size(rsize)
+        cdef size_t g
         cdef cydriver.CUdeviceptr ptr = 0
-        cdef cydriver.CUresult r = self.backend.malloc(&ptr, seg)
+        cdef cydriver.CUresult r
+        if pool.sleepable:
+            g = self.backend.granularity()
+            seg = (seg + g - 1) // g * g
+            r = self.backend.map_segment(&ptr, seg, pool.id)
+        else:
+            r = self.backend.malloc(&ptr, seg)
         if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY and open_capture_count() == 0:
             # free what the cache holds and try once more (never under a
             # capture: cuMemFree would break it)
             self.n_alloc_retries += 1
             self.release_cached()
-            r = self.backend.malloc(&ptr, seg)
+            if pool.sleepable:
+                r = self.backend.map_segment(&ptr, seg, pool.id)
+            else:
+                r = self.backend.malloc(&ptr, seg)
         if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
             self.n_ooms += 1
             free_b, total_b = self.backend.mem_info()
@@ -433,7 +521,10 @@ cdef class DeviceAllocator:
         check(r)
         cdef Block* b = pool.add_segment(ptr, seg, stream, small)
         if b == NULL:
-            self.backend.free(ptr)
+            if pool.sleepable:
+                self.backend.free_mapped(ptr)
+            else:
+                self.backend.free(ptr)
             raise MemoryError()
         stat_add(self.st_segment, kind_of(b), 1)
         stat_add(self.st_reserved_bytes, kind_of(b), seg)
@@ -546,7 +637,8 @@ cdef class DeviceAllocator:
         cdef uintptr_t ev
         for b in whole:
             stat_add(self.st_segment, kind_of(b), -1)
-            stat_add(self.st_reserved_bytes, kind_of(b), -<long long>b.size)
+            if not pool.asleep:                 # asleep: already out of reserved_bytes
+                stat_add(self.st_reserved_bytes, kind_of(b), -<long long>b.size)
         if whole.empty():
             return 0
         # replays of graphs that released this pool may still be running
@@ -559,7 +651,10 @@ cdef class DeviceAllocator:
         first_error = None
         for b in whole:
             try:
-                self.backend.free(b.ptr)
+                if pool.sleepable:
+                    self.backend.free_mapped(b.ptr)
+                else:
+                    self.backend.free(b.ptr)
                 self.n_device_free += 1
             except BaseException as exc:
                 first_error = first_error or exc
@@ -616,6 +711,8 @@ cdef class DeviceAllocator:
             out[pre + "allocated_bytes"] = p.allocated_bytes
             out[pre + "live_blocks"] = p.live_blocks
             out[pre + "graph_refs"] = p.graph_refs
+            if p.sleepable:
+                out[pre + "asleep"] = int(p.asleep)
         # freed blocks not yet reusable (record_stream events, capture rules):
         # active = allocated - freed + held
         out["held_blocks"] = held

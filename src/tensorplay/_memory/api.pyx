@@ -16,6 +16,7 @@ from tensorplay._memory.allocator cimport DeviceAllocator, device_allocators, ge
 from tensorplay._memory.pool cimport ALL
 
 from tensorplay._driver.context import CudaUnavailableError, is_available
+from tensorplay._memory.allocator import PoolAsleepError, is_sleepable, make_sleepable
 from tensorplay._driver.context import device_index as _device_index
 
 import itertools
@@ -36,16 +37,62 @@ cdef DeviceAllocator _allocator_or_none(object device):
     return get_allocator(d)
 
 
-def graph_pool_handle():
+def graph_pool_handle(sleepable=False):
     """Return a new memory pool id, for graphs that share one pool.
 
     Pass it as ``pool=`` to :meth:`CUDAGraph.capture_begin` or
     :class:`graph`; graphs sharing a pool must replay in capture order.
     Without CUDA it raises :class:`CudaUnavailableError`: a pool holds
     device memory.
+
+    Parameters
+    ----------
+    sleepable : bool, optional
+        Build the pool from address-reserved segments whose physical memory
+        :func:`sleep_pool` gives back and :func:`wake_pool` maps again at
+        the same addresses (see :class:`tensorplay.cuda.GraphPool`).
     """
     checked_device_count()
-    return next(_pool_ids)
+    pid = next(_pool_ids)
+    if sleepable:
+        make_sleepable(pid)
+    return pid
+
+
+def sleep_pool(long long pool_id):
+    """Give the physical memory of a sleepable pool back to every device
+    it holds memory on, keeping its addresses; return the bytes given back.
+    Graphs captured into it stay instantiated; their replays raise
+    :class:`PoolAsleepError` until :func:`wake_pool`. Contents are lost."""
+    if not is_sleepable(pool_id):
+        raise ValueError(f"memory pool {pool_id} cannot sleep: it was made without sleepable segments "
+                         f"(use tensorplay.cuda.GraphPool(sleepable=True) or graph_pool_handle(sleepable=True))")
+    if open_capture_count() > 0:
+        raise RuntimeError(f"sleep: a CUDA graph capture is under way; memory pool {pool_id} can sleep once "
+                           f"it ends (unmapping memory would invalidate the capture)")
+    total = 0
+    for a in device_allocators():
+        if (<DeviceAllocator>a).pools.get(pool_id) is not None:
+            total += (<DeviceAllocator>a).sleep_pool(pool_id)
+    return total
+
+
+def wake_pool(long long pool_id):
+    """Map new physical memory under a sleeping pool's addresses on every
+    device; return the bytes mapped (see :func:`sleep_pool`)."""
+    total = 0
+    for a in device_allocators():
+        total += (<DeviceAllocator>a).wake_pool(pool_id)
+    return total
+
+
+def pool_asleep(long long pool_id):
+    """Whether pool ``pool_id`` is asleep on any device."""
+    for a in device_allocators():
+        p = (<DeviceAllocator>a).pools.get(pool_id)
+        if p is not None and p.asleep:
+            return True
+    return False
 
 
 def allocator(device=None):

@@ -63,6 +63,8 @@ cdef class Pool:
     cdef readonly long long id
     cdef readonly int device
     cdef public int graph_refs          # graphs holding this (private) pool
+    cdef readonly bint sleepable        # address-reserved segments whose memory can be given back
+    cdef public bint asleep             # its segments' physical memory is given back (sleep)
     cdef cmap[FreeKey, Block*] small_free
     cdef cmap[FreeKey, Block*] large_free
     cdef cmap[uintptr_t, Block*] segment_heads     # segment address -> its first block
@@ -81,6 +83,7 @@ cdef class Pool:
     cdef void insert_free(self, Block* b) noexcept
     cdef vector[Block*] take_free_segments(self) noexcept
     cdef void count_split_free(self, long long* blocks, long long* nbytes) noexcept
+    cdef void segment_bytes(self, size_t* small, size_t* large) noexcept
     cdef list snapshot(self, int device)
     cdef int check(self, list problems, size_t* reserved, size_t* allocated) except -1
 

@@ -67,9 +67,11 @@ cdef Block* _absorb_next(Block* b, cmap[FreeKey, Block*]* m) noexcept:
 cdef class Pool:
     """A set of segments and free blocks; id 0 is a device's default pool."""
 
-    def __cinit__(self, long long id, int device):
+    def __cinit__(self, long long id, int device, bint sleepable=False):
         self.id = id
         self.device = device
+        self.sleepable = sleepable
+        self.asleep = False
         self.graph_refs = 0
         self.live_blocks = 0
         self.held_blocks = 0
@@ -173,6 +175,18 @@ cdef class Pool:
                     nbytes[kind] += b.size
                 preinc(it)
 
+    cdef void segment_bytes(self, size_t* small, size_t* large) noexcept:
+        """The bytes of this pool's segments, small and large."""
+        cdef Block* b
+        for entry in self.segment_heads:
+            b = entry.second
+            while b != NULL:
+                if b.small:
+                    small[0] += b.size
+                else:
+                    large[0] += b.size
+                b = b.next
+
     cdef list snapshot(self, int device):
         """Each segment as a dict, with its blocks (see DeviceAllocator.snapshot)."""
         cdef Block* b
@@ -188,7 +202,7 @@ cdef class Pool:
                 total += b.size
                 b = b.next
             out.append({"device": device, "address": entry.first, "total_size": total,
-                        "segment_pool_id": self.id, "stream": entry.second.stream,
+                        "segment_pool_id": self.id, "asleep": bool(self.asleep), "stream": entry.second.stream,
                         "segment_type": "small" if entry.second.small else "large",
                         "blocks": blocks})
         return out
@@ -238,12 +252,14 @@ cdef class Pool:
         if live != self.live_blocks or held != self.held_blocks or pool_alloc != self.allocated_bytes:
             problems.append(f"pool {self.id}: counters live={self.live_blocks} held={self.held_blocks} "
                             f"allocated={self.allocated_bytes}, blocks say {live}/{held}/{pool_alloc}")
-        reserved[0] += pool_reserved
+        if not self.asleep:         # a sleeping pool's segments hold no device memory
+            reserved[0] += pool_reserved
         allocated[0] += pool_alloc
         return 0
 
     def __repr__(self):
         return (f"<Pool id={self.id} device={self.device} graph_refs={self.graph_refs} "
+                f"{'asleep ' if self.asleep else ''}"
                 f"live_blocks={self.live_blocks} segments={self.segments} reserved={self.reserved_bytes}>")
 
 

@@ -26,7 +26,8 @@ from tensorplay._memory.backend cimport Backend
 cdef class FakeBackend(Backend):
     """Address ranges and events without a GPU, for testing the block policy.
 
-    Segments come from a counter (never reused) up to ``capacity`` bytes.
+    Segments come from a counter (never reused) up to ``capacity`` bytes;
+    sleepable ones (``vmm``) can give their bytes back and take them again.
     An event is done once the test calls ``complete(stream)`` or
     ``complete_all()``, or the allocator waits for it. ``set_capturing``
     makes a stream report a capture id. Every event query, record and free
@@ -41,9 +42,15 @@ cdef class FakeBackend(Backend):
     cdef readonly long long calls_during_capture
     cdef readonly long long mallocs, frees
     cdef public object on_record         # called once inside the next record_event (races)
+    cdef readonly dict regions           # sleepable segments: address -> [size, pool, mapped]
+    cdef readonly dict routes            # capture id -> sleepable pool
+    cdef readonly bint vmm
 
-    def __cinit__(self, size_t capacity=(80 << 30), int device=0):
+    def __cinit__(self, size_t capacity=(80 << 30), int device=0, bint vmm=True):
         self.device = device
+        self.vmm = vmm
+        self.regions = {}
+        self.routes = {}
         self.capacity = capacity
         self.used = 0
         self.next_addr = 1 << 32
@@ -113,6 +120,65 @@ cdef class FakeBackend(Backend):
 
     cdef tuple mem_info(self):
         return (self.capacity - self.used, self.capacity)
+
+    cdef bint supports_sleep(self) except -1:
+        return self.vmm
+
+    cdef size_t granularity(self) except 0:
+        return 2 << 20
+
+    cdef cydriver.CUresult map_segment(self, cydriver.CUdeviceptr* ptr, size_t n, long long pool) except? cydriver.CUDA_ERROR_UNKNOWN:
+        cdef cydriver.CUresult r = self.malloc(ptr, n)
+        if r == cydriver.CUDA_SUCCESS:
+            self.regions[ptr[0]] = [n, pool, True]
+        return r
+
+    cdef int free_mapped(self, cydriver.CUdeviceptr ptr) except -1:
+        self._note_call()
+        reg = self.regions.pop(ptr, None)
+        n = self.segments.pop(ptr, None)
+        if reg is None or n is None:
+            raise AssertionError(f"free_mapped of {ptr:#x}, which is not a live sleepable segment")
+        if reg[2]:
+            self.used -= n
+        self.frees += 1
+        return 0
+
+    cdef int sleep_segments(self, long long pool, size_t* nbytes) except -1:
+        self._note_call()
+        nbytes[0] = 0
+        for reg in self.regions.values():
+            if reg[1] == pool and reg[2]:
+                reg[2] = False
+                self.used -= reg[0]
+                nbytes[0] += reg[0]
+        return 0
+
+    cdef cydriver.CUresult wake_segments(self, long long pool, size_t* nbytes) except? cydriver.CUDA_ERROR_UNKNOWN:
+        need = sum(reg[0] for reg in self.regions.values() if reg[1] == pool and not reg[2])
+        nbytes[0] = 0
+        if self.used + need > self.capacity:
+            return cydriver.CUDA_ERROR_OUT_OF_MEMORY     # nothing mapped, as the driver backend rolls back
+        for reg in self.regions.values():
+            if reg[1] == pool and not reg[2]:
+                reg[2] = True
+        self.used += need
+        nbytes[0] = need
+        return cydriver.CUDA_SUCCESS
+
+    cdef void route_capture(self, unsigned long long capture_id, long long pool) noexcept:
+        self.routes[capture_id] = pool
+
+    cdef void unroute_capture(self, unsigned long long capture_id) noexcept:
+        self.routes.pop(capture_id, None)
+
+    def mapped(self, uintptr_t address):
+        """Whether the sleepable segment at ``address`` has physical memory."""
+        return self.regions[address][2]
+
+    def set_capacity(self, size_t capacity):
+        """Change how many bytes the fake device holds (out-of-memory tests)."""
+        self.capacity = capacity
 
     def set_capturing(self, uintptr_t stream, unsigned long long capture_id):
         """Make ``stream`` report ``capture_id`` (0: not capturing)."""

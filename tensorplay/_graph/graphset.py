@@ -1,0 +1,414 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``GraphSet``: one graph per batch size of a callable, captured into one
+shared memory pool, with each call padded to the next captured size.
+
+What every model server writes by hand over PyTorch's graph API, as a
+library type: capture largest first so the smaller graphs reuse the larger
+ones' blocks; give each graph's outputs back to the pool after its capture
+so the next capture reuses them too (the outputs of different sizes share
+memory: a call's results are valid until the next call); stage a request
+into the rows of one set of static inputs shared by every size; run eagerly
+beyond the largest size. The pool is sleepable by default, so the whole set
+can give its memory back (``sleep``) and take it again (``wake``) without a
+capture.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+from tensorplay._driver.context import current_device
+from tensorplay._memory import vmm
+from tensorplay._memory.api import allocator
+from tensorplay._tensor.creation import empty
+from tensorplay._tensor.base import ForeignStorage
+from tensorplay._tensor.tensor import Tensor, new_cuda
+from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor
+from tensorplay._graph.graphs import CUDAGraph, pool_id_of, capture_callable
+from tensorplay._graph.pools import GraphPool
+from tensorplay.types import PoolLike
+
+__all__ = ["GraphSet"]
+
+R = TypeVar("R")
+_log = logging.getLogger("tensorplay.graphset")
+
+
+def _library_of(t: Any) -> str:
+    if isinstance(t, Tensor):
+        return "tensorplay"
+    return type(t).__module__.split(".")[0]
+
+
+def _empty_rows(sample: Any, rows: int) -> Any:
+    """An uninitialised tensor of the sample's library, dtype and device, with
+    ``rows`` rows and the sample's other dimensions."""
+    shape = (rows,) + tuple(sample.shape[1:])
+    lib = _library_of(sample)
+    if lib == "tensorplay":
+        return empty(shape, dtype=sample.dtype, device=sample.device)
+    if lib == "torch":
+        return sample.new_empty(shape)
+    if lib == "cupy":
+        cupy = sys.modules["cupy"]
+        with sample.device:
+            return cupy.empty(shape, dtype=sample.dtype)
+    raise TypeError(f"GraphSet: sample arguments must be tensorplay, PyTorch or CuPy tensors, got "
+                    f"{type(sample).__name__}")
+
+
+def _borrowed(t: Any) -> Any:
+    """A tensor of ``t``'s library over ``t``'s memory that does not own it:
+    once ``t`` is dropped its memory goes back to the pool while this view
+    stays (the output sharing of the set)."""
+    v = graph_tensor(t)
+    span = 0 if v.numel() == 0 else (1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride()))) * v.itemsize
+    b = new_cuda(ForeignStorage(None, v.data_ptr(), span, v.device.index), v.data_ptr(), tuple(v.shape),
+                 tuple(v.stride()), v.dtype, v.device.index)
+    lib = _library_of(t)
+    if lib == "tensorplay":
+        return b
+    return sys.modules[lib].from_dlpack(b)
+
+
+def _progress(total: int, enabled: bool | None) -> Any:
+    """A tqdm bar when tqdm is installed and stderr is a terminal, else None."""
+    if enabled is False or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="capturing graphs", unit="graph")
+
+
+class _Entry:
+    """The graph of one size and its outputs."""
+
+    __slots__ = ("size", "graph", "outputs", "batched", "memory", "seconds")
+
+    def __init__(self, size: int, graph: CUDAGraph, outputs: Any, memory: int, seconds: float) -> None:
+        self.size = size
+        self.graph = graph
+        self.outputs = outputs
+        self.memory = memory
+        self.seconds = seconds
+        flat = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        # which outputs carry the batch: cut to the request's rows on return
+        self.batched = tuple(len(o.shape) > 0 and o.shape[0] == size for o in flat)
+
+
+class GraphSet(Generic[R]):
+    """One CUDA graph of ``fn`` per batch size, in one shared memory pool.
+
+    ``fn`` takes tensors whose first dimension is the batch and returns a
+    tensor or a tuple/list of tensors (tensorplay, PyTorch or CuPy; its
+    kernels may be any library's that launches on the current stream).
+    The set keeps one static input per argument, with as many rows as the
+    largest size, and captures ``fn`` on its first ``s`` rows for each size
+    ``s``, largest first, into one pool. A call with ``n`` rows copies the
+    arguments into the first ``n`` rows, replays the graph of the smallest
+    captured size ``s >= n`` and returns the outputs cut to ``n`` rows
+    (views of the graph's outputs). Rows ``n..s`` keep what an earlier call
+    left there (``pad_value`` fills them instead): ``fn`` must treat rows
+    independently, as a batched model step does. More rows than the largest
+    size, or none, run ``fn`` eagerly (a RuntimeWarning says so once).
+
+    With ``share_outputs`` (the default) each graph gives its outputs back
+    to the pool once captured, so the next capture reuses that memory, as
+    vLLM does with weak references: the outputs of one call are valid until
+    the next call on the set (or on any set or graph sharing its pool).
+
+    Capture shows a tqdm bar when tqdm is installed and stderr is a
+    terminal, and logs a line per size to the ``tensorplay.graphset`` logger;
+    the garbage collector runs once before the captures and not during them.
+    ``memory_added`` and ``capture_seconds`` say what each size cost.
+
+    Parameters
+    ----------
+    fn : callable
+        The batched step, e.g. one decode step of a model.
+    sample_args : sequence of tensors
+        One per positional argument of ``fn``: the dtype, device and
+        trailing dimensions of the static inputs, and their initial rows
+        (repeated to fill the largest size), which the warm-up and the
+        captures run on: they must be valid input (e.g. token ids in range).
+    sizes : iterable of int
+        The batch sizes to capture, e.g. ``[1, 2, 4, 8, 16, ..., 512]``.
+    pool : GraphPool, int, CUDAGraph or None, optional
+        The pool to capture into; default a new sleepable :class:`GraphPool`
+        (a plain pool where the device lacks virtual memory management).
+        Sets sharing one pool must be called one at a time.
+    warmup : int, optional
+        Eager runs of ``fn`` before the first (largest) capture (default 1),
+        so libraries initialise (cuBLAS handles, compiled kernels). A later
+        size whose capture fails is warmed up once and captured again.
+    pad_value : number, optional
+        Fill the padding rows with this value on each call (default: leave
+        them; they hold earlier, valid input).
+    share_outputs : bool, optional
+        Give each graph's outputs back to the pool after its capture
+        (default True; False keeps every size's outputs apart).
+    progress : bool, optional
+        False hides the progress bar.
+    """
+
+    def __init__(self, fn: Callable[..., R], sample_args: Sequence[Any], sizes: Iterable[int], *,
+                 pool: GraphPool | PoolLike = None, warmup: int = 1, pad_value: float | int | None = None,
+                 share_outputs: bool = True, progress: bool | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"GraphSet: {fn!r} is not callable")
+        self._fn = fn
+        self._samples = self._check_samples(sample_args)
+        self.sizes: tuple[int, ...] = self._check_sizes(sizes)
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"GraphSet: warmup must be a non-negative int, got {warmup!r}")
+        if pad_value is not None and (isinstance(pad_value, bool) or not isinstance(pad_value, (int, float))):
+            raise TypeError(f"GraphSet: pad_value must be a number or None, got {type(pad_value).__name__}")
+        self._pad_value = pad_value
+        self._share = bool(share_outputs)
+        self.max_size = self.sizes[-1]
+        device = graph_tensor(self._samples[0]).device.index
+        if pool is None:
+            self.pool = GraphPool(sleepable=vmm.supported(device))
+        elif isinstance(pool, GraphPool):
+            self.pool = pool
+        else:
+            self.pool = None                      # an id or a graph's pool: shared, not sleepable here
+        self._pool_id = self.pool.id if self.pool is not None else pool_id_of(pool)
+        self._device = device
+        self._statics = [self._static_for(s) for s in self._samples]
+        self._entries: dict[int, _Entry] = {}
+        self._eager_warned = False
+        self._closed = False
+        self._capture_all(warmup, progress)
+        # a request of n rows runs the graph of sizes[bisect_left(sizes, n)]
+        self._size_list = list(self.sizes)
+
+    # ------------------------------------------------------------ construction
+
+    @staticmethod
+    def _check_samples(sample_args: Sequence[Any]) -> list[Any]:
+        try:
+            samples = list(sample_args)
+        except TypeError:
+            raise TypeError(f"GraphSet: sample_args must be a sequence of tensors, got "
+                            f"{type(sample_args).__name__}") from None
+        if not samples:
+            raise ValueError("GraphSet: sample_args is empty; fn needs at least one batched tensor argument")
+        for i, s in enumerate(samples):
+            if not (isinstance(s, Tensor) or is_foreign_tensor(s)):
+                raise TypeError(f"GraphSet: sample_args[{i}] is a {type(s).__name__}, not a tensor")
+            v = graph_tensor(s)
+            if not v.is_cuda:
+                raise ValueError(f"GraphSet: sample_args[{i}] is on {v.device}; the set's inputs are CUDA tensors")
+            if v.ndim == 0 or v.shape[0] == 0:
+                raise ValueError(f"GraphSet: sample_args[{i}] has shape {tuple(v.shape)}; its first dimension "
+                                 f"is the batch and needs at least one row")
+            if v.device != graph_tensor(samples[0]).device:
+                raise ValueError(f"GraphSet: sample_args[{i}] is on {v.device}, sample_args[0] on "
+                                 f"{graph_tensor(samples[0]).device}; one set lives on one device")
+        return samples
+
+    @staticmethod
+    def _check_sizes(sizes: Iterable[int]) -> tuple[int, ...]:
+        try:
+            values = list(sizes)
+        except TypeError:
+            raise TypeError(f"GraphSet: sizes must be an iterable of ints, got {type(sizes).__name__}") from None
+        if not values:
+            raise ValueError("GraphSet: sizes is empty")
+        for s in values:
+            if isinstance(s, bool) or not isinstance(s, int):
+                raise TypeError(f"GraphSet: sizes must be ints, got {s!r}")
+            if s <= 0:
+                raise ValueError(f"GraphSet: sizes must be positive, got {s}")
+        return tuple(sorted(set(values)))
+
+    def _static_for(self, sample: Any) -> Any:
+        """The static input of one argument: the largest size's rows, filled
+        with the sample's rows over and over."""
+        static = _empty_rows(sample, self.max_size)
+        rows = sample.shape[0]
+        start = 0
+        while start < self.max_size:
+            k = min(rows, self.max_size - start)
+            static[start:start + k] = sample[:k]
+            start += k
+        return static
+
+    def _footprint(self) -> int:
+        """The pool's device memory now (the set's and other libraries' segments)."""
+        if self.pool is not None and self.pool.sleepable:
+            return vmm.pool_bytes(self._pool_id, self._device)[0]
+        p = allocator(self._device).get_pool(self._pool_id, False)
+        total = p.reserved_bytes if p is not None else 0
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            total += torch.cuda.memory_reserved(self._device)
+        return total
+
+    def _capture_all(self, warmup: int, progress: bool | None) -> None:
+        order = sorted(self.sizes, reverse=True)      # largest first: the smaller reuse its blocks
+        bar = _progress(len(order), progress)
+        gc.collect()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()                                   # a collection per capture is what makes them slow
+        t0 = time.perf_counter()
+        try:
+            for i, size in enumerate(order):
+                self._capture_one(size, warmup if i == 0 else 0)
+                e = self._entries[size]
+                _log.info("GraphSet: captured size %d (%d of %d) in %.1f ms, +%d bytes", size, i + 1,
+                          len(order), e.seconds * 1e3, e.memory)
+                if bar is not None:
+                    bar.update(1)
+        except BaseException:
+            self.reset()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            if gc_was_enabled:
+                gc.enable()
+        self.capture_seconds_total = time.perf_counter() - t0
+
+    def _capture_one(self, size: int, warmup: int) -> None:
+        args = [st[:size] for st in self._statics]
+        name = getattr(self._fn, "__name__", "fn")
+        before = self._footprint()
+        t0 = time.perf_counter()
+        try:
+            g, out = capture_callable(self._fn, args, warmup=warmup, pool=self._pool_id, where=name)
+        except RuntimeError:
+            if warmup:
+                raise
+            # something initialises lazily for this shape (a compiled kernel, a
+            # workspace): warm this size up once and capture again
+            g, out = capture_callable(self._fn, args, warmup=1, pool=self._pool_id, where=name)
+        seconds = time.perf_counter() - t0
+        memory = self._footprint() - before
+        if self._share:
+            out = type(out)(_borrowed(o) for o in out) if isinstance(out, (tuple, list)) else _borrowed(out)
+        self._entries[size] = _Entry(size, g, out, memory, seconds)
+
+    # ------------------------------------------------------------ calls
+
+    def __call__(self, *args: Any) -> R:
+        """Run ``fn(*args)`` through the graph of the next captured size."""
+        if self._closed:
+            raise RuntimeError("GraphSet: the set was reset; make a new one")
+        statics = self._statics
+        if len(args) != len(statics):
+            raise TypeError(f"GraphSet: fn takes {len(statics)} tensor argument(s), got {len(args)}")
+        rows = self._rows(args)
+        if rows == 0 or rows > self.max_size:
+            return self._eager(args, rows)
+        size = self._size_list[bisect.bisect_left(self._size_list, rows)]
+        entry = self._entries[size]
+        for static, a in zip(statics, args):
+            static[:rows] = a
+            if self._pad_value is not None and rows < size:
+                static[rows:size] = self._pad_value
+        entry.graph.replay()
+        return self._cut(entry, rows)
+
+    def _rows(self, args: Sequence[Any]) -> int:
+        rows = -1
+        for i, (a, static) in enumerate(zip(args, self._statics)):
+            shape = getattr(a, "shape", None)
+            if shape is None or len(shape) == 0:
+                raise TypeError(f"GraphSet: argument {i} must be a tensor with a batch dimension, got "
+                                f"{type(a).__name__}")
+            if tuple(shape[1:]) != tuple(static.shape[1:]):
+                raise ValueError(f"GraphSet: argument {i} has shape {tuple(shape)}; the set was captured for "
+                                 f"(batch, {', '.join(map(str, static.shape[1:]))})")
+            if rows == -1:
+                rows = shape[0]
+            elif shape[0] != rows:
+                raise ValueError(f"GraphSet: argument {i} has {shape[0]} rows, argument 0 has {rows}")
+        return rows
+
+    def _eager(self, args: Sequence[Any], rows: int) -> R:
+        if rows > self.max_size and not self._eager_warned:
+            self._eager_warned = True
+            warnings.warn(f"GraphSet: a batch of {rows} rows is larger than the largest captured size "
+                          f"{self.max_size}; such calls run eagerly", RuntimeWarning, stacklevel=3)
+        return self._fn(*args)
+
+    @staticmethod
+    def _cut(entry: _Entry, rows: int) -> Any:
+        out = entry.outputs
+        if rows == entry.size:
+            return out
+        if isinstance(out, (tuple, list)):
+            return type(out)(o[:rows] if b else o for o, b in zip(out, entry.batched))
+        return out[:rows] if entry.batched[0] else out
+
+    def size_for(self, rows: int) -> int | None:
+        """The captured size a call with ``rows`` rows runs (None: eagerly)."""
+        if rows <= 0 or rows > self.max_size:
+            return None
+        return self._size_list[bisect.bisect_left(self._size_list, rows)]
+
+    # ------------------------------------------------------------ memory and state
+
+    @property
+    def graphs(self) -> dict[int, CUDAGraph]:
+        """The graph of each size."""
+        return {s: e.graph for s, e in sorted(self._entries.items())}
+
+    @property
+    def memory_added(self) -> dict[int, int]:
+        """Device memory (bytes) the pool grew by at each size's capture."""
+        return {s: e.memory for s, e in sorted(self._entries.items())}
+
+    @property
+    def capture_seconds(self) -> dict[int, float]:
+        """Seconds each size's warm-up and capture took."""
+        return {s: e.seconds for s, e in sorted(self._entries.items())}
+
+    @property
+    def static_inputs(self) -> list[Any]:
+        """The static inputs, one per argument, with the largest size's rows."""
+        return list(self._statics)
+
+    @property
+    def asleep(self) -> bool:
+        return self.pool is not None and self.pool.asleep
+
+    def sleep(self, keep: Iterable[Any] = ()) -> int:
+        """Give the set's pool memory back to the device (see
+        :meth:`GraphPool.sleep`); its graphs stay instantiated. Calls raise
+        PoolAsleepError until :meth:`wake`. Returns the bytes given back."""
+        if self.pool is None:
+            raise ValueError("GraphSet.sleep: the set was given a pool id, not a GraphPool; pass "
+                             "pool=tp.cuda.GraphPool() to make it sleepable")
+        return self.pool.sleep(keep)
+
+    def wake(self) -> int:
+        """Map the pool's memory again; the next call replays without a capture."""
+        if self.pool is None:
+            return 0
+        return self.pool.wake()
+
+    def reset(self) -> None:
+        """Drop every graph and output; the pool's memory goes back once no
+        graph holds it. The set cannot be called afterwards."""
+        entries, self._entries = self._entries, {}
+        for e in entries.values():
+            e.outputs = None
+            e.graph.reset()
+        self._closed = True
+
+    def __repr__(self) -> str:
+        sizes = self.sizes if len(self.sizes) <= 6 else (*self.sizes[:3], "...", *self.sizes[-2:])
+        return (f"<GraphSet of {getattr(self._fn, '__name__', 'fn')} sizes={sizes} pool={self._pool_id}"
+                f"{' asleep' if self.asleep else ''}>")
