@@ -166,8 +166,8 @@ class GraphSet(Generic[R]):
         if not callable(fn):
             raise TypeError(f"GraphSet: {fn!r} is not callable")
         self._fn = fn
-        self._samples = self._check_samples(sample_args)
         self.sizes: tuple[int, ...] = self._check_sizes(sizes)
+        self._samples = self._check_samples(sample_args)
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"GraphSet: warmup must be a non-negative int, got {warmup!r}")
         if pad_value is not None and (isinstance(pad_value, bool) or not isinstance(pad_value, (int, float))):
