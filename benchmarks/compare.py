@@ -19,7 +19,14 @@ PyTorch, each result checked against PyTorch's first. The serving section
 captures one graph of an MLP step per batch size (1 to 512) into one shared
 pool, largest first, as LLM servers do: capture time, reserved memory
 (second, after memory, so that no other section's cached blocks are in its
-baselines) and replay GPU time at batch 1 and 512. The random section times
+baselines) and replay GPU time at batch 1 and 512. The serving_set section
+(third) sets tp.cuda.GraphSet against torch.cuda.graph captures made as vLLM
+makes them (static inputs, gc frozen, weak references to the outputs), on
+vLLM's 51 sizes up to 512 (19 up to 128 with --quick) of a bf16 MLP step and
+a transformer decode step: capture wall time, device memory, replays checked
+against eager, replay GPU time, padding waste, and sleep/wake of the set and
+of 1 GiB and 8 GiB GraphPools (memory given back, sleep and wake ms, the
+first call after wake). The random section times
 rand, randn and exponential_ of 64 Mi float32 on the GPU against PyTorch's, and the host
 time per replay of a graph with a random op in it. The recapture section
 times a re-capture of 100 and 1000 small nodes into a graph that has an
@@ -1500,6 +1507,331 @@ def serving_rows(quick, torch):
             settle(lib)
 
 
+# ---------------------------------------------------------------- 9b. serving_set: GraphSet against vLLM-style capture
+
+SET_TP, SET_PT = "tensorplay GraphSet", "PyTorch, vLLM-style"
+SET_DECODE_MAX_LEN = 256
+SERVING_SET_LEGEND = """\
+serving_set: per workload, tp.cuda.GraphSet against torch.cuda.graph captures made as vLLM makes them
+  (same sizes, same step, same process; both warmed up eagerly at the largest size first). Capture: wall
+  ms of building the whole set (static inputs, warm-ups, captures); MiB: drop of the device's free memory
+  (mem_get_info) over the capture, both libraries' caches emptied before and after (the note has the drop
+  before emptying, vLLM's own figure, and each library's memory_reserved growth); tp/PT = PyTorch's time
+  over tensorplay's (target >= 2). Each set is checked against eager at n = 1, 3, 100 and the largest
+  (padded calls included). Replay rows: GPU time of one graph replay, interleaved rounds (target: tp/PT
+  GPU time <= 1.02, i.e. the tp/PT column >= 0.98). Padding waste: rate = mean % of padded rows over
+  n = 1..largest. Sleep/wake: bytes sleep() gave back over the pool's mapped bytes (target >= 95%), the
+  device's free memory gained, sleep and wake ms and the first call after wake (checked), medians."""
+
+
+def _settle_both(torch):
+    """Free what nothing references and empty both libraries' caches: a baseline."""
+    gc.collect()
+    if torch is not None:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    tp.cuda.synchronize()
+    tp.cuda.empty_cache()
+    tp.cuda.synchronize()
+
+
+def _sync_both(torch):
+    if torch is not None:
+        torch.cuda.synchronize()
+    tp.cuda.synchronize()
+
+
+def _footprint_now(torch):
+    """(device free bytes, torch reserved, tensorplay reserved)."""
+    _sync_both(torch)
+    return (tp.cuda.mem_get_info()[0], torch.cuda.memory_reserved() if torch is not None else 0,
+            tp.cuda.memory_reserved())
+
+
+def _set_workloads(quick, torch, largest):
+    """[(name, build)]; build() -> (step, sample args of the largest size, make_args(n, rng)). The
+    weights and caches are made when a workload's turn comes and freed after it."""
+    import serving_set as ss
+
+    def mlp():
+        w = {k: to_library(torch, v, "bfloat16") for k, v in serving_weights().items()}
+
+        def make_args(n, rng):
+            return [to_library(torch, (rng.random((n, SERVING_HIDDEN), dtype=np.float32) * 2 - 1), "bfloat16")]
+        return torch_mlp_step(torch, w), [w["x"][:largest]], make_args
+
+    def decode(model):
+        def build():
+            step, cfg = ss.decode_step(torch, model, largest, SET_DECODE_MAX_LEN)
+
+            def make_args(n, rng):
+                tok = torch.from_numpy(rng.integers(0, cfg.vocab - 1, n)).to("cuda")
+                pos = torch.from_numpy(rng.integers(0, SET_DECODE_MAX_LEN, n)).to("cuda")
+                return [tok, pos]
+            return step, make_args(largest, np.random.default_rng(7)), make_args
+        return build
+
+    models = ("small",) if quick else ("small", "gpt2-small")
+    return [("MLP 1024/4096 bf16", mlp)] + [(f"{m} decode step", decode(m)) for m in models]
+
+
+def _check_set(call, step, make_args, counts, rng, torch):
+    """Run ``call`` on fresh inputs of each row count and compare with eager
+    ``step``: (largest error, None or what is wrong)."""
+    worst = 0.0
+    for n in counts:
+        args = make_args(n, rng)
+        want = step(*args)
+        got = call(*args)
+        _sync_both(torch)
+        err = relative_error(got, want, torch)
+        worst = max(worst, err)
+        if err > TOLERANCE["bfloat16"]:
+            return worst, f"n={n}: differs from eager by {err:.2e} of the largest value"
+    return worst, None
+
+
+def _capture_contender(section, case, library, make, torch, step, make_args, checks, state):
+    """Build one contender's set between two settled baselines and check it;
+    the row goes to RESULTS, the set to ``state``."""
+    @guarded(section, case, library)
+    def _capture():
+        _settle_both(torch)
+        free0, torch0, tp0 = _footprint_now(torch)
+        t0 = time.perf_counter()
+        built = make()
+        _sync_both(torch)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        free1 = _footprint_now(torch)[0]
+        _settle_both(torch)              # the warm-ups' cached blocks are not the set's
+        free2, torch2, tp2 = _footprint_now(torch)
+        state[library] = built
+        worst, error = _check_set(built, step, make_args, checks, np.random.default_rng(11), torch)
+        note = [f"{mib(free0 - free1):.0f} MiB before emptying the caches",
+                f"reserved: torch {mib(torch2 - torch0):+.0f} MiB, tp {mib(tp2 - tp0):+.0f} MiB",
+                f"checked n={','.join(map(str, checks))}: max error {worst:.1e}"]
+        if library == SET_TP:
+            note.append(f"capture_seconds_total {built.capture_seconds_total * 1e3:.0f} ms, memory_added "
+                        f"{mib(sum(built.memory_added.values())):.0f} MiB")
+        record(section, case, library, capture_ms=wall_ms, reserved_mib=mib(free0 - free2), error=error,
+               note="; ".join(note), extra={"device_mib": mib(free0 - free2),
+                                            "device_mib_unsettled": mib(free0 - free1),
+                                            "torch_reserved_mib": mib(torch2 - torch0),
+                                            "tp_reserved_mib": mib(tp2 - tp0), "max_error": worst})
+
+
+def _sleep_row(section, case, library, cycles, cycle):
+    """Run ``cycle()`` -> dict of one sleep/wake cycle ``cycles`` times and
+    record the medians (an error from any cycle is kept)."""
+    @guarded(section, case, library)
+    def _run():
+        per = [cycle() for _ in range(cycles)]
+        med = {k: statistics.median(c[k] for c in per) for k in per[0] if k != "error"}
+        error = next((c["error"] for c in per if c.get("error")), None)
+        given = med["given_mib"] / med["mapped_mib"] if med["mapped_mib"] else 0.0
+        med["given_share"] = given
+        note = (f"given back {given:.1%} of mapped (target >= 95%); first call after wake {med['first_ms']:.2f} ms, "
+                f"the next {med['steady_ms']:.2f} ms; median of {cycles} cycles")
+        record(section, case, library, extra=med, error=error, note=note)
+
+
+def _set_sleep_cycle(gs, step, make_args, rng, torch):
+    """One cycle of the set: sleep, wake, then a call of the largest size on new input, checked."""
+    def cycle():
+        args = make_args(gs.max_size, rng)
+        want = step(*args)
+        _sync_both(torch)
+        mapped = gs.pool.memory()["mapped"]
+        free0 = tp.cuda.mem_get_info()[0]
+        t0 = time.perf_counter()
+        given = gs.sleep()
+        sleep_ms = (time.perf_counter() - t0) * 1e3
+        free1 = tp.cuda.mem_get_info()[0]
+        t0 = time.perf_counter()
+        gs.wake()
+        wake_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        got = gs(*args)
+        _sync_both(torch)
+        first_ms = (time.perf_counter() - t0) * 1e3
+        err = relative_error(got, want, torch)
+        t0 = time.perf_counter()
+        gs(*args)
+        _sync_both(torch)
+        steady_ms = (time.perf_counter() - t0) * 1e3
+        return {"mapped_mib": mib(mapped), "given_mib": mib(given), "freed_mib": mib(free1 - free0),
+                "sleep_ms": sleep_ms, "wake_ms": wake_ms, "first_ms": first_ms, "steady_ms": steady_ms,
+                "error": None if err <= TOLERANCE["bfloat16"] else
+                f"first call after wake differs from eager by {err:.2e} of the largest value"}
+    return cycle
+
+
+def _pool_sleep_rows(section, gib, cycles):
+    """A GraphPool holding ~``gib`` GiB of temporaries (y = x * 2; z = y + 1 over float32, x outside
+    the pool): sleep/wake cycles, the first replay after wake checked against NumPy on samples of z."""
+    case = f"sleep/wake: GraphPool, y = x * 2; z = y + 1, {gib} GiB in the pool"
+    n = gib * (1 << 30) // 8                         # y and z: 4 bytes each per element
+    k = 4096
+    held = {}                                        # x, z, graph, pool: cleared at the end, freeing them
+
+    @guarded(section, case, "tensorplay GraphPool")
+    def _build():
+        x = tp.rand(n, device="cuda")
+        (x[:k] * 2.0) + 1.0                          # compile the kernels outside the capture
+        pool = tp.cuda.GraphPool()
+        g = tp.cuda.CUDAGraph()
+        with tp.cuda.graph(g, pool=pool):
+            y = x * 2.0
+            z = y + 1.0
+        del y                                        # a temporary: its block stays in the pool
+        g.replay()
+        held.update(x=x, z=z, g=g, pool=pool)
+    if not held:
+        return
+    rng = np.random.default_rng(gib)
+
+    def cycle():
+        x, z, g, pool = held["x"], held["z"], held["g"], held["pool"]
+        tp.cuda.synchronize()
+        mapped = pool.memory()["mapped"]
+        free0 = tp.cuda.mem_get_info()[0]
+        t0 = time.perf_counter()
+        given = pool.sleep()
+        sleep_ms = (time.perf_counter() - t0) * 1e3
+        free1 = tp.cuda.mem_get_info()[0]
+        x.mul_(-0.5)                                 # new input: a replay that did nothing shows
+        tp.cuda.synchronize()
+        t0 = time.perf_counter()
+        pool.wake()
+        wake_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        g.replay()
+        tp.cuda.synchronize()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        g.replay()
+        tp.cuda.synchronize()
+        steady_ms = (time.perf_counter() - t0) * 1e3
+        error = None
+        for o in [*rng.integers(0, n - k, 4).tolist(), n - k]:
+            xs, zs = x[o:o + k].cpu().numpy(), z[o:o + k].cpu().numpy()
+            if not np.array_equal(zs, xs * np.float32(2) + np.float32(1)):
+                error = f"first replay after wake: z[{o}:{o + k}] differs from NumPy's x * 2 + 1"
+                break
+        return {"mapped_mib": mib(mapped), "given_mib": mib(given), "freed_mib": mib(free1 - free0),
+                "sleep_ms": sleep_ms, "wake_ms": wake_ms, "first_ms": first_ms, "steady_ms": steady_ms,
+                "error": error}
+    try:
+        _sleep_row(section, case, "tensorplay GraphPool", cycles, cycle)
+    finally:
+        if held["pool"].asleep:
+            held["pool"].wake()
+        g = held["g"]
+        held.clear()                                 # z (pool memory) and x go before the graph's reset
+        g.reset()
+        _settle_both(None)
+
+
+def serving_set_rows(quick, torch):
+    """tp.cuda.GraphSet against vLLM-style torch.cuda.graph captures, one
+    graph per batch size in one pool, on two workloads written in PyTorch:
+    the serving section's bf16 MLP step (hidden 1024, ffn 4096) and one
+    decode step of examples/decode_loop.py's models (small; gpt2-small too
+    without --quick): their configs and weights, the step rewritten in
+    serving_set.decode_step with per-row positions and closure-held KV
+    caches (max_len 256) sliced to the batch, because DecodeModel.step is
+    tied to one batch and one position shared by all rows.
+
+    Sizes: vLLM's rule, 1, 2, 4, multiples of 8 below 256, multiples of 16
+    from 256 (the issue's "35 sizes" is this rule capped at 256; we cap it at
+    512: 51 sizes), capped at 128 with --quick (19 sizes). Rows: capture
+    wall time and device memory of each set (checked against eager), GPU
+    time of one replay at up to 8 sizes, the padding waste of the sizes, and
+    what only tensorplay can do: sleep/wake of the MLP set and of GraphPools
+    holding 1 GiB and 8 GiB (1 GiB only with --quick)."""
+    import serving_set as ss
+    section = "serving_set"
+    if torch is None:
+        record(section, "capture (all workloads)", "PyTorch", error="PyTorch is not installed: the workloads need it")
+    else:
+        largest = 128 if quick else 512
+        sizes = ss.vllm_sizes(largest)
+        clocks = make_clocks(torch)
+        for name, build in _set_workloads(quick, torch, largest):
+            _set_workload_rows(section, name, build, sizes, quick, torch, clocks)
+            _settle_both(torch)
+    for gib in (1,) if quick else (1, 8):
+        _pool_sleep_rows(section, gib, cycles=5)
+
+
+def _set_workload_rows(section, name, build, sizes, quick, torch, clocks):
+    """One workload: both contenders' capture rows, the replay rows, and for
+    the MLP the padding-waste and sleep/wake rows; every set is reset after."""
+    import serving_set as ss
+    largest = sizes[-1]
+    cap_case = f"capture {len(sizes)} sizes ({sizes[0]}..{largest}), {name}"
+    try:
+        step, samples, make_args = build()
+        step(*samples)                                   # both warmed up before either capture
+        _sync_both(torch)
+    except Exception as exc:
+        record(section, cap_case, "workload", error=f"{type(exc).__name__}: {exc}"[:200])
+        return
+    checks = sorted({1, 3, 100 if 100 < largest else largest - 1, largest})
+    state = {}
+    try:
+        for library, make in ((SET_TP, lambda: tp.cuda.GraphSet(step, samples, sizes, progress=False)),
+                              (SET_PT, lambda: ss.VllmStyleGraphs(torch, step, samples, sizes))):
+            _capture_contender(section, cap_case, library, make, torch, step, make_args, checks, state)
+        caps = {r["library"]: r for r in RESULTS if (r["section"], r["case"]) == (section, cap_case)}
+        a, b = caps.get(SET_TP, {}), caps.get(SET_PT, {})
+        if a.get("capture_ms") and b.get("capture_ms"):
+            a["speed_vs_torch"] = b["capture_ms"] / a["capture_ms"]
+            memory = f"{a['reserved_mib'] / b['reserved_mib']:.2f}" if b["reserved_mib"] > 0 else "-"
+            a["note"] += (f"; tp/PT time {a['capture_ms'] / b['capture_ms']:.2f} (target <= 0.5), "
+                          f"memory {memory} (target <= 1)")
+        good = {lib: s for lib, s in state.items() if not caps.get(lib, {}).get("error")}
+        _set_replay_rows(section, name, good, sizes, quick, clocks)
+        gs = good.get(SET_TP)
+        if name.startswith("MLP"):
+            mean, worst, at = ss.padding_waste(gs.size_for if gs is not None else
+                                               (lambda n: ss.size_for(sizes, n)), largest)
+            record(section, f"padding waste, n = 1..{largest} uniform, {len(sizes)} sizes", "both (same sizes)",
+                   rate=mean * 100, unit="% mean", note=f"mean {mean:.2%}, max {worst:.1%} at n={at}")
+            if gs is not None:
+                _sleep_row(section, f"sleep/wake: {name} GraphSet ({len(sizes)} sizes)", SET_TP, 5,
+                           _set_sleep_cycle(gs, step, make_args, np.random.default_rng(13), torch))
+    finally:
+        for s in state.values():
+            if getattr(s, "asleep", False):
+                s.wake()
+            s.reset()
+        state.clear()
+
+
+def _set_replay_rows(section, name, sets, sizes, quick, clocks):
+    """GPU time of one replay of each set's graph at up to 8 sizes, the
+    contenders' rounds interleaved; tp/PT on tensorplay's row."""
+    rounds, target_ms = (5, 5.0) if quick else (15, 20.0)
+    clock = {SET_TP: clocks["tensorplay"], SET_PT: clocks["PyTorch"]}
+    graphs = {lib: s.graphs for lib, s in sets.items()}
+    for size in [s for s in (1, 4, 8, 32, 64, 128, 256, 512) if s in sizes] if graphs else ():
+        case = f"{name}: replay batch {size}"
+
+        @guarded(section, case, " / ".join(graphs))
+        def _time():
+            timed = gpu_per_call([(lib, g[size].replay, clock[lib]) for lib, g in graphs.items()], rounds,
+                                 target_ms)
+            ratio = timed[SET_TP][0] / timed[SET_PT][0] if len(timed) == 2 else None
+            for lib, (gpu_us, host_us, behind) in timed.items():
+                note = [f"tp/PT GPU time {ratio:.3f} (target <= 1.02)"] if lib == SET_TP and ratio else []
+                if behind:
+                    note.append("host fell behind: GPU may have idled")
+                record(section, case, lib, host_us=host_us, gpu_us=gpu_us, note="; ".join(note) or None)
+                if lib == SET_TP and ratio:
+                    RESULTS[-1]["speed_vs_torch"] = 1 / ratio
+
+
 # ---------------------------------------------------------------- 10. random numbers
 
 RANDOM_N = 64 * MI            # rand / randn GPU time
@@ -1672,7 +2004,7 @@ def decode_rows(quick, torch):
 
 # ---------------------------------------------------------------- output
 
-GPU_SECTIONS = ("work", "serving", "random")
+GPU_SECTIONS = ("work", "serving", "serving_set", "random")
 WORK_LEGEND = """\
 GPU us: CUDA events around 20-100 back-to-back calls queued behind a spin kernel (so the GPU runs them
   without waiting on the host), median over rounds after warm-up; host us: time to enqueue one call;
@@ -1713,23 +2045,43 @@ def print_gpu_tables(rows):
     serving's capture rows as capture time and reserved growth."""
     if not rows:
         return
-    captures = [r for r in rows if r["section"] == "serving" and r["case"].startswith("capture")]
-    timed = [r for r in rows if r not in captures]
+    captures = [r for r in rows if r["section"] in ("serving", "serving_set") and r["case"].startswith("capture")]
+    sleeps = [r for r in rows if r["section"] == "serving_set" and r["case"].startswith("sleep/wake")]
+    timed = [r for r in rows if r not in captures and r not in sleeps]
     print()
-    print(f"{'section':<8} {'case':<64} {'library':<28} {'GPU us':>10} {'rate':>9} {'unit':<7} "
+    print(f"{'section':<11} {'case':<64} {'library':<28} {'GPU us':>10} {'rate':>9} {'unit':<7} "
           f"{'host us':>8} {'tp/PT':>6}  note")
     for r in timed:
         note = "; ".join(x for x in (r["error"], r["note"]) if x)
-        print(f"{r['section']:<8} {r['case']:<64} {r['library']:<28} {_cell(r['gpu_us'], '.2f'):>10} "
+        print(f"{r['section']:<11} {r['case']:<64} {r['library']:<28} {_cell(r['gpu_us'], '.2f'):>10} "
               f"{_cell(r['rate'], '.1f'):>9} {r['unit'] or '':<7} {_cell(r['host_us'], '.2f'):>8} "
               f"{_cell(r['speed_vs_torch'], '.2f'):>6}  {note}")
     if captures:
         print()
         print(f"{'serving capture':<80} {'library':<58} {'wall ms':>9} {'MiB':>8} {'tp/PT':>6}  note")
         for r in captures:
+            note = "; ".join(x for x in (r["error"], r["note"]) if x)
             print(f"{r['case']:<80} {r['library']:<58} {_cell(r['capture_ms'], '.1f'):>9} "
-                  f"{_cell(r['reserved_mib'], '.1f'):>8} {_cell(r['speed_vs_torch'], '.2f'):>6}  {r['error'] or ''}")
+                  f"{_cell(r['reserved_mib'], '.1f'):>8} {_cell(r['speed_vs_torch'], '.2f'):>6}  {note}")
+    if sleeps:
+        print_sleep_table(sleeps)
     print(WORK_LEGEND)
+    if any(r["section"] == "serving_set" for r in rows):
+        print(SERVING_SET_LEGEND)
+
+
+def print_sleep_table(rows):
+    """serving_set's sleep/wake rows: the medians kept in ``extra``."""
+    print()
+    print(f"{'sleep/wake (medians)':<64} {'library':<22} {'mapped MiB':>10} {'given':>7} {'freed MiB':>9} "
+          f"{'sleep ms':>8} {'wake ms':>8} {'1st call ms':>11}  note")
+    for r in rows:
+        e = r["extra"] or {}
+        note = "; ".join(x for x in (r["error"], r["note"]) if x)
+        print(f"{r['case']:<64} {r['library']:<22} {_cell(e.get('mapped_mib'), '.1f'):>10} "
+              f"{_cell(e.get('given_share'), '.1%'):>7} {_cell(e.get('freed_mib'), '.1f'):>9} "
+              f"{_cell(e.get('sleep_ms'), '.2f'):>8} {_cell(e.get('wake_ms'), '.2f'):>8} "
+              f"{_cell(e.get('first_ms'), '.2f'):>11}  {note}")
 
 
 def _mib_cell(value):
@@ -1789,9 +2141,9 @@ def write_chart(path):
     fig.savefig(path, dpi=120)
 
 
-# memory first, then serving (it measures reserved memory too), before the others allocate
-SECTIONS = ("memory", "serving", "work", "random", "replay", "staging", "rebind", "while", "branch", "threads",
-            "capture", "recapture", "eager", "decode")
+# memory first, then serving and serving_set (they measure memory too), before the others allocate
+SECTIONS = ("memory", "serving", "serving_set", "work", "random", "replay", "staging", "rebind", "while", "branch",
+            "threads", "capture", "recapture", "eager", "decode")
 
 
 def parse_sections(only, ap):
@@ -1842,6 +2194,8 @@ def main():
         memory_rows(quick, torch)
     if "serving" in sections:       # measures reserved memory: before work's large tensors are cached
         serving_rows(quick, torch)
+    if "serving_set" in sections:   # device memory too: before work's large tensors are cached
+        serving_set_rows(quick, torch)
     if "work" in sections:
         work_rows(quick, torch)
     if "random" in sections:

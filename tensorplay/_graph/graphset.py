@@ -64,15 +64,32 @@ def _empty_rows(sample: Any, rows: int) -> Any:
                     f"{type(sample).__name__}")
 
 
+class _UnownedMemory:
+    """The CUDA Array Interface of memory this object does not own, as
+    unsigned integers of the element's size (the interface has no type string
+    for bfloat16): what PyTorch wraps without taking ownership."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": f"<u{itemsize}", "data": (ptr, False),
+                                         "strides": strides, "version": 3}
+
+
 def _borrowed(t: Any) -> Any:
     """A tensor of ``t``'s library over ``t``'s memory that does not own it:
     once ``t`` is dropped its memory goes back to the pool while this view
     stays (the output sharing of the set)."""
+    lib = _library_of(t)
+    if lib == "torch" and t.element_size() in (1, 2, 4, 8):
+        torch = sys.modules["torch"]
+        n = t.element_size()
+        raw = _UnownedMemory(t.data_ptr(), tuple(t.shape), tuple(st * n for st in t.stride()), n)
+        return torch.as_tensor(raw, device=t.device).view(t.dtype)
     v = graph_tensor(t)
     span = 0 if v.numel() == 0 else (1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride()))) * v.itemsize
     b = new_cuda(ForeignStorage(None, v.data_ptr(), span, v.device.index), v.data_ptr(), tuple(v.shape),
                  tuple(v.stride()), v.dtype, v.device.index)
-    lib = _library_of(t)
     if lib == "tensorplay":
         return b
     return sys.modules[lib].from_dlpack(b)
@@ -128,7 +145,7 @@ class GraphSet(Generic[R]):
 
     Capture shows a tqdm bar when tqdm is installed and stderr is a
     terminal, and logs a line per size to the ``tensorplay.graphset`` logger;
-    the garbage collector runs once before the captures and not during them.
+    the garbage collector does not run during the captures.
     ``memory_added`` and ``capture_seconds`` say what each size cost.
 
     Parameters
@@ -258,9 +275,10 @@ class GraphSet(Generic[R]):
     def _capture_all(self, warmup: int, progress: bool | None) -> None:
         order = sorted(self.sizes, reverse=True)      # largest first: the smaller reuse its blocks
         bar = _progress(len(order), progress)
-        gc.collect()
         gc_was_enabled = gc.isenabled()
-        gc.disable()                                   # a collection per capture is what makes them slow
+        # no collection during the captures (torch.cuda.graph runs one per capture,
+        # which is what made servers' captures slow), nor a full one before them
+        gc.disable()
         t0 = time.perf_counter()
         try:
             for i, size in enumerate(order):
