@@ -152,6 +152,20 @@ def release_parked_pools() -> None:
             _release_parked()
 
 
+def release_foreign_memory() -> None:
+    """Drop what other libraries keep from finished captures, so graph pools
+    let go of their memory: PyTorch's cached cuBLAS workspaces (a capture's
+    matmuls take theirs from the capture's pool, and PyTorch keeps it per
+    stream; its next capture drops them too), then the parked pools that no
+    tensor uses any more. Nothing while a capture is open."""
+    torch = sys.modules.get("torch")
+    if torch is not None and not open_captures():
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+    release_parked_pools()
+
+
 def _release_parked() -> None:
     torch = sys.modules.get("torch")
     with _PoolHold._lock:

@@ -30,7 +30,7 @@ from tensorplay._memory.api import allocator
 from tensorplay._tensor.creation import empty
 from tensorplay._tensor.base import ForeignStorage
 from tensorplay._tensor.tensor import Tensor, new_cuda
-from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor
+from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor, release_foreign_memory
 from tensorplay._graph.graphs import CUDAGraph, pool_id_of, capture_callable
 from tensorplay._graph.pools import GraphPool
 from tensorplay.types import PoolLike
@@ -419,12 +419,16 @@ class GraphSet(Generic[R]):
 
     def reset(self) -> None:
         """Drop every graph and output; the pool's memory goes back once no
-        graph holds it. The set cannot be called afterwards."""
+        graph holds it and no tensor lives in it (PyTorch's cached cuBLAS
+        workspaces from the captures are dropped). The set cannot be called
+        afterwards."""
         entries, self._entries = self._entries, {}
         for e in entries.values():
             e.outputs = None
             e.graph.reset()
+        del entries
         self._closed = True
+        release_foreign_memory()
 
     def __repr__(self) -> str:
         sizes = self.sizes if len(self.sizes) <= 6 else (*self.sizes[:3], "...", *self.sizes[-2:])

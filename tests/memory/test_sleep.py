@@ -122,8 +122,9 @@ def test_sleep_during_a_capture_is_refused_and_the_capture_goes_on(x64):
 def test_a_capture_into_a_sleeping_pool_is_refused_and_leaves_the_process_usable(x64):
     x, host = x64
     pool = GraphPool()
-    capture_chain(pool, x)
+    held = capture_chain(pool, x)          # a graph holds the pool: it has memory to sleep
     pool.sleep()
+    assert pool.asleep
     g = CUDAGraph()
     with pytest.raises(PoolAsleepError, match="wake"):
         with tp.cuda.graph(g, pool=pool):
@@ -199,6 +200,7 @@ def test_soak_of_captures_replays_sleeps_and_wakes_in_one_shared_pool():
     for g, *_ in graphs:
         g.reset()
     graphs.clear()
+    g = x = out = None                          # the loop's last ones
     gc.collect()
     tp.cuda.empty_cache()
     assert vmm.regions(pool.id) == []
