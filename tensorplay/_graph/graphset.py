@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import importlib
 import logging
 import sys
 import time
@@ -100,10 +101,10 @@ def _progress(total: int, enabled: bool | None) -> Any:
     if enabled is False or not sys.stderr.isatty():
         return None
     try:
-        from tqdm import tqdm
+        tqdm = importlib.import_module("tqdm")       # optional, untyped
     except ImportError:
         return None
-    return tqdm(total=total, desc="capturing graphs", unit="graph")
+    return tqdm.tqdm(total=total, desc="capturing graphs", unit="graph")
 
 
 class _Entry:
@@ -193,6 +194,7 @@ class GraphSet(Generic[R]):
         self._share = bool(share_outputs)
         self.max_size = self.sizes[-1]
         device = graph_tensor(self._samples[0]).device.index
+        self.pool: GraphPool | None
         if pool is None:
             self.pool = GraphPool(sleepable=vmm.supported(device))
         elif isinstance(pool, GraphPool):
