@@ -99,14 +99,7 @@ def decode_step(torch, model, max_batch, max_len=256, seed=0):
             kc, vc = k_cache[i, :b], v_cache[i, :b]                                 # [b, H, T, D], contiguous
             kc.view(-1, d).index_copy_(0, slots, k.reshape(b * h, d))
             vc.view(-1, d).index_copy_(0, slots, v.reshape(b * h, d))
-            scores = torch.matmul(q.unsqueeze(2), kc.transpose(-1, -2)).squeeze(2)  # [b, H, T]
-            scores = scores.float().mul_(scale).masked_fill_(masked, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(dtype)
-            att = torch.matmul(probs.unsqueeze(2), vc).view(b, c)
-            x = x + F.linear(att, lw["proj_w"], lw["proj_b"])
-            a = F.layer_norm(x, (c,), lw["ln2"][0], lw["ln2"][1])
-            m = F.gelu(F.linear(a, lw["fc_w"], lw["fc_b"]), approximate="tanh")
-            x = x + F.linear(m, lw["mproj_w"], lw["mproj_b"])
+            x = dl.attend_and_mix(torch, x, q, kc, vc, masked, scale, lw)
         x = F.layer_norm(x, (c,), w.ln_f[0], w.ln_f[1])
         return F.linear(x, w.wte).float()                                           # tied head
 

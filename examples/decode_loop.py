@@ -159,6 +159,23 @@ def init_weights(cfg: ModelConfig, max_len: int, device: Any, dtype: Any, seed: 
     return Weights(normal(cfg.vocab, c), normal(max_len, c, std=0.01), ln(), layers)
 
 
+def attend_and_mix(torch: Any, x: Any, q: Any, kc: Any, vc: Any, masked: Any, scale: float, lw: Any) -> Any:
+    """The rest of a layer once the new token's K/V are in the cache: attention
+    of ``q`` [B, H, D] over ``kc``/``vc`` [B, H, T, D] (``masked`` slots
+    excluded, softmax in float32), the projection and the GELU MLP, each
+    with its residual; ``x`` [B, C] in, [B, C] out."""
+    F = torch.nn.functional
+    b, c = x.shape
+    scores = torch.matmul(q.unsqueeze(2), kc.transpose(-1, -2)).squeeze(2)             # [B, H, T]
+    scores = scores.float().mul_(scale).masked_fill_(masked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(x.dtype)
+    att = torch.matmul(probs.unsqueeze(2), vc).view(b, c)
+    x = x + F.linear(att, lw["proj_w"], lw["proj_b"])
+    a = F.layer_norm(x, (c,), lw["ln2"][0], lw["ln2"][1])
+    m = F.gelu(F.linear(a, lw["fc_w"], lw["fc_b"]), approximate="tanh")
+    return x + F.linear(m, lw["mproj_w"], lw["mproj_b"])
+
+
 class DecodeModel:
     """The model, its weights and its static decode state: every tensor a
     step reads or writes has a fixed address and shape, so one captured
@@ -234,14 +251,7 @@ class DecodeModel:
             kc, vc = self.k_cache[i], self.v_cache[i]                                   # [B, H, T, D]
             kc.index_copy_(2, pos1, k.unsqueeze(2))
             vc.index_copy_(2, pos1, v.unsqueeze(2))
-            scores = torch.matmul(q.unsqueeze(2), kc.transpose(-1, -2)).squeeze(2)     # [B, H, T]
-            scores = scores.float().mul_(scale).masked_fill_(masked, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(self.dtype)
-            att = torch.matmul(probs.unsqueeze(2), vc).view(b, c)
-            x = x + F.linear(att, lw["proj_w"], lw["proj_b"])
-            a = F.layer_norm(x, (c,), lw["ln2"][0], lw["ln2"][1])
-            m = F.gelu(F.linear(a, lw["fc_w"], lw["fc_b"]), approximate="tanh")
-            x = x + F.linear(m, lw["mproj_w"], lw["mproj_b"])
+            x = attend_and_mix(torch, x, q, kc, vc, masked, scale, lw)
         x = F.layer_norm(x, (c,), w.ln_f[0], w.ln_f[1])
         return F.linear(x, w.wte).float()                                              # tied head
 
