@@ -197,11 +197,14 @@ def test_soak_of_captures_replays_sleeps_and_wakes_in_one_shared_pool():
             pool.sleep()
     if pool.asleep:
         pool.wake()
-    for g, *_ in graphs:
-        g.reset()
+    for entry in graphs:                         # (not "g, *_": _ would keep the last output)
+        entry[0].reset()
     graphs.clear()
-    g = x = out = None                          # the loop's last ones
+    g = x = out = entry = None                  # the loop's last ones
     gc.collect()
     tp.cuda.empty_cache()
-    assert vmm.regions(pool.id) == []
+    left = vmm.regions(pool.id)
+    ours = [seg for seg in tp.cuda.memory_snapshot() if seg["segment_pool_id"] == pool.id]
+    stats = {k: v for k, v in tp.cuda.memory_stats().items() if k.startswith(f"pool.{pool.id}.")}
+    assert left == [], f"regions left {left}; tensorplay's segments of the pool {ours}; its stats {stats}"
     assert tp.cuda.memory_reserved() <= base_reserved
