@@ -30,6 +30,7 @@ import time
 
 import tensorplay as tp
 import serving_set as ss
+from bench_env import gpu_and_torch
 
 HIDDEN, FFN = 1024, 4096
 
@@ -94,14 +95,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    if not tp.cuda.is_available():
-        print(f"no GPU: {tp.cuda.unavailable_reason()}")
-        return 0
-    try:
-        import torch
-    except ImportError:
-        print("PyTorch is needed: both workloads are PyTorch code")
-        return 1
+    torch, exit_code = gpu_and_torch("both workloads are PyTorch code")
+    if torch is None:
+        return exit_code
     sizes = ss.vllm_sizes(512)
     for name, make in (("MLP 1024/4096 bf16", mlp_step), ("small decode step", decode_step)):
         step, samples = make(torch)

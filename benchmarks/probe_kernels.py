@@ -23,6 +23,7 @@ import sys
 import numpy as np
 
 import tensorplay as tp
+from bench_env import gpu_and_torch
 
 MI = 1 << 20
 N = 64 * MI
@@ -164,14 +165,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     args = ap.parse_args()
-    if not tp.cuda.is_available():
-        print(f"no GPU: {tp.cuda.unavailable_reason()}")
-        return 0
-    try:
-        import torch
-    except ImportError:
-        print("PyTorch is needed for the comparison")
-        return 1
+    torch, exit_code = gpu_and_torch("the kernels are compared with PyTorch's")
+    if torch is None:
+        return exit_code
     rows = []
     print(f"{'case':42s} {'tp us':>9s} {'torch us':>9s} {'tp GB/s':>8s} {'torch GB/s':>10s} {'tp/torch':>8s} check")
     only = [s.strip() for s in args.only.split(",") if s.strip()]
