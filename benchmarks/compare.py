@@ -1338,6 +1338,20 @@ def set_speed(section, case, speed):
             r["speed_vs_torch"] = speed
 
 
+# ---------------------------------------------------------------- 8b. gaps between dependent kernels (gaps.py)
+
+def gap_rows(quick, torch):
+    """gaps.py's cases (GPU time per replay, PDL on and off, beside PyTorch's
+    graphs), as rows of section gaps; each tensorplay row's note gives its
+    GPU time over PyTorch's."""
+    import gaps
+    with tp.cuda.stream(tp.cuda.Stream()):
+        gaps.run(gaps.SECTIONS, quick, torch)
+    for r in gaps.RESULTS:
+        record("gaps", f"{r['section']}: {r['case']}", r["library"], gpu_us=r["gpu_us"], note=r["note"],
+               error=r["error"])
+
+
 # ---------------------------------------------------------------- 9. serving: one graph per batch size
 
 # vLLM's default capture sizes: 1, 2, 4, then every multiple of 8 up to 512
@@ -2004,7 +2018,7 @@ def decode_rows(quick, torch):
 
 # ---------------------------------------------------------------- output
 
-GPU_SECTIONS = ("work", "serving", "serving_set", "random")
+GPU_SECTIONS = ("work", "serving", "serving_set", "random", "gaps")
 WORK_LEGEND = """\
 GPU us: CUDA events around 20-100 back-to-back calls queued behind a spin kernel (so the GPU runs them
   without waiting on the host), median over rounds after warm-up; host us: time to enqueue one call;
@@ -2142,7 +2156,7 @@ def write_chart(path):
 
 
 # memory first, then serving and serving_set (they measure memory too), before the others allocate
-SECTIONS = ("memory", "serving", "serving_set", "work", "random", "replay", "staging", "rebind", "while", "branch",
+SECTIONS = ("memory", "serving", "serving_set", "work", "gaps", "random", "replay", "staging", "rebind", "while", "branch",
             "threads", "capture", "recapture", "eager", "decode")
 
 
@@ -2198,6 +2212,8 @@ def main():
         serving_set_rows(quick, torch)
     if "work" in sections:
         work_rows(quick, torch)
+    if "gaps" in sections:
+        gap_rows(quick, torch)
     if "random" in sections:
         random_rows(quick, torch, repeats, calls)
     if "replay" in sections:

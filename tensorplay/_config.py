@@ -19,7 +19,7 @@ from tensorplay._version import __version__
 # is optional (matrix products load it when it is installed).
 DISTRIBUTIONS = ("numpy", "ml_dtypes", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc",
                  "nvidia-cublas")
-ENV_VARS = ("TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA")
+ENV_VARS = ("TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA", "TENSORPLAY_PDL")
 
 
 def _dist_version(name: str) -> str | None:

@@ -96,14 +96,14 @@ def spin(stream, cycles=200_000_000, flag_ptr=0, device=0):
     f.launch(1, 1, struct.pack("<qQ", cycles, flag_ptr), 0, stream.handle)
 
 
-def ptx_of(source, arch=90):
+def ptx_of(source, arch=90, options=()):
     """PTX of ``source`` for compute_``arch``: to see which instructions and
     parameters a kernel has (NVRTC only, no GPU)."""
     from cuda.bindings import nvrtc
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
     try:
-        opts = [f"--gpu-architecture=compute_{arch}".encode(), b"-std=c++17"]
+        opts = [f"--gpu-architecture=compute_{arch}".encode(), b"-std=c++17"] + [str(o).encode() for o in options]
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS
         err, n = nvrtc.nvrtcGetPTXSize(prog)

@@ -8,13 +8,16 @@ A description is what ``CUDAGraph.describe()`` returns::
                {"id": 1, "kind": "conditional", "type": "while", "attrs": {...},
                 "bodies": [<description with a "label">, ...]},
                ...],
-     "edges": [[0, 1], ...]}
+     "edges": [[0, 1], ...],
+     "programmatic_edges": [[0, 1], ...]}
 
 Conditional bodies become clusters, nested as captured: the one body of an
 IF or WHILE node is labelled with the node's type (``if`` / ``while``); the
 bodies of an IF/ELSE or SWITCH node with their own labels (``then`` /
 ``else``, ``case 0`` ... ``case n-1``), which also mark the dashed edge from
-the node to each. Every label is escaped, so any kernel name yields valid DOT.
+the node to each. Programmatic edges (programmatic dependent launch) are
+blue and labelled ``PDL``. Every label is escaped, so any kernel name yields
+valid DOT.
 """
 
 from __future__ import annotations
@@ -104,9 +107,11 @@ def _emit(desc, prefix, lines, indent, detailed, counter):
             lines.append(f"{indent}}}")
             edge_label = f", label={escape(branch)}" if branch else ""
             lines.append(f'{indent}{escape(nid)} -> {escape(first[0])} [lhead={cluster}, style=dashed{edge_label}];')
+    programmatic = {tuple(e) for e in desc.get("programmatic_edges", [])}
     for a, b in desc.get("edges", []):
         if a in ids and b in ids:
-            lines.append(f"{indent}{escape(ids[a])} -> {escape(ids[b])};")
+            style = ' [label="PDL", color=blue, fontcolor=blue]' if (a, b) in programmatic else ""
+            lines.append(f"{indent}{escape(ids[a])} -> {escape(ids[b])}{style};")
     return [ids[n["id"]] for n in desc.get("nodes", [])]
 
 

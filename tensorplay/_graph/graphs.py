@@ -224,9 +224,14 @@ class CUDAGraph(CUDAGraphBase):
                         "attrs": {grid, block, shared_mem, num_params, bytes, value, direction,
                                   event, handle, ...}},
                        ...],
-             "edges": [[from_id, to_id], ...]}
+             "edges": [[from_id, to_id], ...],
+             "programmatic_edges": [[from_id, to_id], ...]}
 
-        Attributes beyond sizes are present when debug mode was enabled.
+        ``programmatic_edges`` are the edges (of ``edges``) between two
+        kernels launched with programmatic dependent launch: the kernel after
+        may start while the one before drains and waits in its code for its
+        results (see :data:`tensorplay.backends.cuda.pdl`). Attributes beyond
+        sizes are present when debug mode was enabled.
 
         With ``static_inputs`` (and ``static_outputs``) given, the description
         also says, for each, whether :meth:`rebind_and_launch` rebinds it

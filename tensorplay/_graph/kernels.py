@@ -7,6 +7,7 @@ index (SWITCH, one variant per integer dtype)."""
 from __future__ import annotations
 
 from tensorplay._kernels import cache
+from tensorplay._kernels.codegen import GRID_WAIT
 
 
 def multi_copy_source(capacity: int) -> str:
@@ -15,8 +16,7 @@ def multi_copy_source(capacity: int) -> str:
     return f"""
 struct tp_entry {{ const unsigned char* src; unsigned char* dst; unsigned long long nbytes; }};
 struct tp_table_{capacity} {{ unsigned long long n; tp_entry e[{capacity}]; }};
-extern "C" __global__ void tp_multi_copy_{capacity}(tp_table_{capacity} t) {{
-  unsigned int k = blockIdx.y;
+extern "C" __global__ void tp_multi_copy_{capacity}(tp_table_{capacity} t) {{{GRID_WAIT}  unsigned int k = blockIdx.y;
   if (k >= t.n) return;
   const unsigned char* s = t.e[k].src;
   unsigned char* d = t.e[k].dst;
@@ -37,8 +37,7 @@ extern "C" __global__ void tp_multi_copy_{capacity}(tp_table_{capacity} t) {{
 SET_CONDITIONAL_SOURCE = r"""
 typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);
-extern "C" __global__ void tp_set_conditional(cudaGraphConditionalHandle handle, const bool* pred) {
-  cudaGraphSetConditional(handle, *pred ? 1u : 0u);
+extern "C" __global__ void tp_set_conditional(cudaGraphConditionalHandle handle, const bool* pred) {""" + GRID_WAIT + r"""  cudaGraphSetConditional(handle, *pred ? 1u : 0u);
 }
 """
 
@@ -64,8 +63,7 @@ def set_switch_source(dtype: str) -> str:
 typedef __device_builtin__ unsigned long long cudaGraphConditionalHandle;
 extern "C" __device__ __cudart_builtin__ void cudaGraphSetConditional(cudaGraphConditionalHandle, unsigned int);
 extern "C" __global__ void tp_set_switch_{dtype}(cudaGraphConditionalHandle handle, const {ctype}* index,
-                                                 unsigned long long num_cases) {{
-  {ctype} v = *index;
+                                                 unsigned long long num_cases) {{{GRID_WAIT}  {ctype} v = *index;
   bool in_range = {in_range}(unsigned long long)v < num_cases;
   cudaGraphSetConditional(handle, in_range ? (unsigned int)v : (unsigned int)num_cases);
 }}

@@ -22,6 +22,7 @@ from tensorplay._driver.context import get_device_capability, get_device_propert
 from tensorplay._driver.launch import Module
 from tensorplay._kernels import codegen as _codegen
 from tensorplay._kernels import nvrtc as _nvrtc
+from tensorplay._kernels.codegen import GRID_WAIT, PDL_MIN_ARCH
 from tensorplay._kernels.packer import LaunchPacker
 
 BLOCK = 256
@@ -48,14 +49,22 @@ def sm_count(device: int) -> int:
     return n
 
 
-def load_function(source: str, name: str, device: int, options=()):
-    """Compile (cached) and load ``name`` from ``source`` on ``device``."""
-    image = _nvrtc.compile_cubin(source, name + ".cu", tuple(options), device_arch(device))
+def load_function(source: str, name: str, device: int, options=(), pdl=None):
+    """Compile (cached) and load ``name`` from ``source`` on ``device``.
+
+    The kernel launches with programmatic stream serialization (``pdl``)
+    when its source opens with :data:`GRID_WAIT`, as every kernel the library
+    generates does, and its code is for sm_90 or newer; ``pdl`` given says
+    so for a source of the user's own (its kernel waits itself)."""
+    arch = device_arch(device)
+    image = _nvrtc.compile_cubin(source, name + ".cu", tuple(options), arch)
     with _lock:
         mod = _modules.get((image, device))
         if mod is None:
             mod = _modules[(image, device)] = Module(image, device)
-    return mod.get_function(name)
+    f = mod.get_function(name)
+    f.pdl = (GRID_WAIT in source if pdl is None else bool(pdl)) and _nvrtc.target_arch(arch) >= PDL_MIN_ARCH
+    return f
 
 
 def cached_function(key, device: int, make_source, options=()):
@@ -243,6 +252,14 @@ def launch_plan_key(kernel_key, device: int, shape, strides):
     return (kernel_key, device, tuple(shape), tuple(map(tuple, strides)))
 
 
+def small_block(n: int, block: int = BLOCK) -> int:
+    """The block for ``n`` elements: ``block``, or for fewer elements than
+    that the whole warps covering them. A kernel of one element launches one
+    warp, not eight: the launch of a small block costs less GPU time, which
+    is what graphs of many tiny kernels pay per node."""
+    return block if n >= block else max(32, -(-n // 32) * 32)
+
+
 def grid_for(n: int, device: int) -> int:
     blocks = (n + BLOCK - 1) // BLOCK
     return max(1, min(blocks, sm_count(device) * 16))
@@ -259,6 +276,18 @@ TILED_COPY_BLOCKS_PER_SM = 64
 def flat_grid(n: int, tile: int, sms: int) -> int:
     """Blocks for a flat kernel over ``n`` elements in tiles of ``tile``."""
     return max(1, min(-(-n // tile), sms * FLAT_BLOCKS_PER_SM))
+
+
+def flat_launch(n: int, tile: int, sms: int) -> tuple[int, int]:
+    """(grid, block) of a flat kernel over ``n`` elements in tiles of
+    ``tile``: under one tile the kernel takes one element a thread, so the
+    grid covers n with whole warps (a tensor of a few elements launches one
+    warp: graphs of tiny kernels pay per node for every instruction and
+    warp); from one tile on, :func:`flat_grid` blocks of BLOCK threads."""
+    if n < tile:
+        block = small_block(n)
+        return -(-n // block), block
+    return flat_grid(n, tile, sms), BLOCK
 
 
 def vector_width(ptrs, itemsizes, numel: int) -> int:
@@ -349,8 +378,9 @@ class LaunchPlan:
         if grid is not None:
             self.grid = grid
         elif itemsizes:
-            self.grid = flat_grid(n, _codegen.flat_tile(itemsizes), sm_count(dev))
+            self.grid, block = flat_launch(n, _codegen.flat_tile(itemsizes), sm_count(dev))
         else:
+            block = small_block(n, block)
             self.grid = grid_for(n, dev)
         self.block = block
         # launch(ptrs, scalars, stream=None) and launch_operands(out, operands,

@@ -59,6 +59,24 @@ template <class T, class V> __device__ __forceinline__ T tp_to_int(V v) {
 }
 """
 
+# Programmatic dependent launch. Every generated kernel opens with this, before
+# its first memory access: wait for the grids it depends on to complete with
+# their memory visible (griddepcontrol.wait; a no-op when launched without the
+# attribute), then let the next kernel launch while this one runs
+# (launch_dependents). A kernel launched with programmatic stream
+# serialization must wait in every block before it exits, or the ones after
+# it race with the ones before it; with the wait first, that holds down any
+# chain. Compiled in for sm_90 and newer only: tensorplay._kernels.cache
+# launches a kernel that way only when its source has this and the code was
+# compiled for such a target.
+GRID_WAIT = """
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+"""
+PDL_MIN_ARCH = 90
+
 # load: storage -> compute value; store: any value -> storage
 _LOAD = {
     "bool": "({p}[{o}] != 0)",
@@ -154,7 +172,9 @@ def elementwise_source(name: str, out: dt.dtype, inputs: tuple, expr: str,
 
 def flat_kernel_text(name, out, inputs, expr, scalars):
     """A flat (every operand contiguous) kernel over tiles of ``flat_tile``
-    elements, grid-stride. When every pointer is aligned for its vectors
+    elements, grid-stride; under one tile, one element a thread over a grid
+    covering them (:func:`tensorplay._kernels.cache.flat_launch` sizes
+    both). When every pointer is aligned for its vectors
     (tested here on the device: a plan cached by shape is reused with other
     pointers, and the test is free on the host this way) full tiles go
     through 128-bit vector loads and stores; otherwise, and for the last
@@ -169,9 +189,20 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
     params += [f"{scalar_ctype(kind)} s{k}" for k, kind in enumerate(scalars)]
     names = ["out"] + [f"in{k}" for k in range(len(inputs))]
     misaligned = " | ".join(f"((unsigned long long){p} & {m}ULL)" for p, m in zip(names, alignment_masks(sizes)))
-    lines = [f'extern "C" __global__ void __launch_bounds__({FLAT_BLOCK}) {name}({", ".join(params)}) {{',
-             f"  const bool vectors = ({misaligned}) == 0;",
+    lines = [f'extern "C" __global__ void __launch_bounds__({FLAT_BLOCK}) {name}({", ".join(params)}) {{' + GRID_WAIT,
              f"  const long long tile = {FLAT_BLOCK * per_thread}LL;",
+             # less than a tile: the grid covers n, one element a thread (the
+             # launch plan makes that grid); the fewest instructions per thread
+             "  if (n < tile) {",
+             "    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
+             "    if (i < n) {"]
+    for k, d in enumerate(inputs):
+        lines.append(f"      {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', 'i')};")
+    lines += ["      " + store_stmt(out, "out", "i", expr),
+              "    }",
+              "    return;",
+              "  }",
+              f"  const bool vectors = ({misaligned}) == 0;",
              "  const long long ntiles = (n + tile - 1) / tile;",
              "  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {",
              "    const long long base = t * tile;"]
@@ -246,7 +277,7 @@ def kernel_text(name, params, body, ndim, nops):
     if ndim:
         geom = (f"struct tp_geom_{ndim}_{nops} {{ long long size[{ndim}]; "
                 f"long long stride[{nops}][{ndim}]; }};\n")
-    return (geom + f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
+    return (geom + f'extern "C" __global__ void {name}({", ".join(params)}) {{' + GRID_WAIT +
             "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
             "       i += (long long)gridDim.x * blockDim.x) {\n"
             + "\n".join(body) + "\n  }\n}\n")
@@ -326,7 +357,7 @@ def tiled_copy_source(name, out, src, ndim, p, q):
             f"struct tp_geom_{ndim}_2 {{ long long size[{ndim}]; long long stride[2][{ndim}]; }};\n"
             f'extern "C" __global__ void __launch_bounds__({TILE * TILE_ROWS}) {name}('
             f"{out.ctype}* __restrict__ out, const {src.ctype}* __restrict__ in, long long ntiles, "
-            f"tp_geom_{ndim}_2 g) {{\n"
+            f"tp_geom_{ndim}_2 g) {{" + GRID_WAIT +
             f"  __shared__ {src.ctype} tile[{TILE}][{TILE + 1}];\n"
             f"  const long long np_ = g.size[{p}], nq = g.size[{q}];\n"
             f"  const long long tq_count = (nq + {TILE - 1}) / {TILE}, tp_count = (np_ + {TILE - 1}) / {TILE};\n"

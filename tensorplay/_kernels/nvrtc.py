@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 __all__ = ["NVRTCError", "compile_cubin", "nvrtc_version", "cache_dir", "kernel_cache_dir", "kernel_cache_info", "clear_kernel_cache",
-           "supported_archs", "is_cached", "add_compile_listener", "remove_compile_listener"]
+           "supported_archs", "target_arch", "is_cached", "add_compile_listener", "remove_compile_listener"]
 
 # Each compilation is logged at INFO (kernel, target, milliseconds), each CUBIN
 # read back from the on-disk cache at DEBUG; nothing is printed unless the
@@ -130,6 +130,14 @@ def target_for(arch: int) -> tuple[str, bool]:
     if not older:
         raise NVRTCError(f"NVRTC {nvrtc_version()} cannot target compute capability {arch}")
     return f"compute_{max(older)}", False
+
+
+def target_arch(arch: int) -> int:
+    """The compute capability the code :func:`compile_cubin` makes for a GPU
+    of compute capability ``arch`` is compiled for (older when this NVRTC
+    does not know the GPU and makes PTX)."""
+    target, _ = target_for(arch)
+    return int(target.split("_")[1])
 
 
 def compile_cubin(source: str, name: str = "kernel.cu", options=(), arch: int = 90) -> bytes:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 
 from tensorplay._kernels import cache
+from tensorplay._kernels.codegen import GRID_WAIT
 
 # The most host bytes one upload carries in kernel parameters: 4 KiB, the
 # classic kernel-parameter limit. The parameter buffer of the largest table is
@@ -45,8 +46,7 @@ def param_write_source(capacity: int) -> str:
     return f"""
 struct tp_param_bytes_{capacity} {{ unsigned char* dst; unsigned long long nbytes; unsigned char data[{capacity}]; }};
 extern "C" __global__ void __launch_bounds__({PARAM_WRITE_BLOCK})
-tp_write_param_bytes_{capacity}(const __grid_constant__ tp_param_bytes_{capacity} p) {{
-  for (unsigned long long j = threadIdx.x; j < p.nbytes; j += blockDim.x) p.dst[j] = p.data[j];
+tp_write_param_bytes_{capacity}(const __grid_constant__ tp_param_bytes_{capacity} p) {{{GRID_WAIT}  for (unsigned long long j = threadIdx.x; j < p.nbytes; j += blockDim.x) p.dst[j] = p.data[j];
 }}
 """
 

@@ -218,8 +218,7 @@ __device__ __forceinline__ void tp_rng_advance(tp_rng_state* st, unsigned long l
 """
 
 SET_STATE_SOURCE = STATE_SOURCE + r"""
-extern "C" __global__ void tp_rng_set_state(tp_rng_state* st, unsigned long long seed, unsigned long long offset) {
-  st->seed = seed;
+extern "C" __global__ void tp_rng_set_state(tp_rng_state* st, unsigned long long seed, unsigned long long offset) {""" + codegen.GRID_WAIT + r"""  st->seed = seed;
   st->offset = offset;
   st->done = 0u;
 }
@@ -441,7 +440,7 @@ def kernel_source(name, op, out, variant=None):
     if inp is not None:
         mask += f" | ((unsigned long long)in0 & {inp.itemsize * per - 1}ULL)"
     call = ["r"] + (["a"] if inp is not None else []) + [p.split()[-1] for p in dist.params] + ["v"]
-    lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({", ".join(params)}) {{',
+    lines = [f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({", ".join(params)}) {{' + codegen.GRID_WAIT,
              "  const unsigned long long seed = tp_rng_load(&st->seed), offset = tp_rng_load(&st->offset);",
              "  const unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);",
              "  const unsigned int o0 = (unsigned int)offset, o1 = (unsigned int)(offset >> 32);"]

@@ -214,7 +214,7 @@ def _signature(name, in_t, out_dt, acc, final, with_index, extra):
     out_ctype = (out_dt.ctype if final else acc.ctype) if not (final and with_index) else "long long"
     return (f'extern "C" __global__ void __launch_bounds__(256) {name}(const {in_t.ctype}* __restrict__ in, '
             f"const long long* __restrict__ in_idx, {out_ctype}* __restrict__ out, "
-            f"long long* __restrict__ out_idx, {extra}, long long vw, double scale) {{\n")
+            f"long long* __restrict__ out_idx, {extra}, long long vw, double scale) {{" + _codegen.GRID_WAIT)
 
 
 def row_source(name, kind, with_index, in_dt, in_is_acc, acc, out_dt, final, scaled, warps_per_row):

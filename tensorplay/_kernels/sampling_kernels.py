@@ -226,8 +226,7 @@ def race_keys_source(d: dt.dtype) -> tuple[str, str]:
     src = (_codegen.PREAMBLE + _STATUS_DEFINES + _neg_log_device() + f"""
 extern "C" __global__ void __launch_bounds__(256) {name}(
     const {d.ctype}* __restrict__ w, const double* __restrict__ u, long long* __restrict__ keys,
-    int* __restrict__ status, long long n, long long num_samples) {{
-  const long long row = blockIdx.x;
+    int* __restrict__ status, long long n, long long num_samples) {{{_codegen.GRID_WAIT}  const long long row = blockIdx.x;
   const {d.ctype}* wr = w + row * n;
   const double* ur = u + row * n;
   long long* kr = keys + row * n;
@@ -281,8 +280,7 @@ __device__ __forceinline__ double tp_clean(double v, int* bad) {{
 }}
 extern "C" __global__ void __launch_bounds__({c}) {name}(
     const {d.ctype}* __restrict__ w, const double* __restrict__ u, long long* __restrict__ out,
-    int* __restrict__ status, long long n, long long num_samples, long long chunk_len) {{
-  __shared__ double running[{c}];         // chunk t's sum, then the running sum through chunk t
+    int* __restrict__ status, long long n, long long num_samples, long long chunk_len) {{{_codegen.GRID_WAIT}  __shared__ double running[{c}];         // chunk t's sum, then the running sum through chunk t
   __shared__ long long last_positive[{c}];
   __shared__ int bad_chunk[{c}];
   __shared__ double total_sh;

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorplay._kernels import cache
+from tensorplay._kernels.codegen import GRID_WAIT
 
 # Elements per shared-memory tile (two arrays of 8-byte words: 32 KB, under
 # the 48 KB of static shared memory), one pair per thread of a 1024-thread block.
@@ -139,8 +140,7 @@ def block_sort_source() -> str:
     return (_COMPARE + f"""
 extern "C" __global__ void __launch_bounds__({TILE_THREADS}) tp_sort_block(
     const unsigned long long* __restrict__ src, unsigned long long* __restrict__ key,
-    long long* __restrict__ idx, long long n, long long padded, long long total, long long kmax) {{
-  __shared__ unsigned long long sk[{TILE}];
+    long long* __restrict__ idx, long long n, long long padded, long long total, long long kmax) {{{GRID_WAIT}  __shared__ unsigned long long sk[{TILE}];
   __shared__ long long si[{TILE}];
   const long long base = (long long)blockIdx.x * {TILE};
   for (int t = threadIdx.x; t < {TILE}; t += blockDim.x) {{
@@ -174,8 +174,7 @@ def global_step_source() -> str:
     return (_COMPARE + r"""
 extern "C" __global__ void __launch_bounds__(256) tp_sort_global(
     unsigned long long* __restrict__ key, long long* __restrict__ idx, long long pairs,
-    long long padded, long long k, long long j) {
-  for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < pairs;
+    long long padded, long long k, long long j) {""" + GRID_WAIT + r"""  for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < pairs;
        t += (long long)gridDim.x * blockDim.x) {
     const long long a = ((t & ~(j - 1)) << 1) | (t & (j - 1));
     const long long b = a | j;
@@ -193,8 +192,7 @@ def block_merge_source() -> str:
     memory: the steps with partners closer than TILE, within each tile."""
     return (_COMPARE + f"""
 extern "C" __global__ void __launch_bounds__({TILE_THREADS}) tp_sort_merge(
-    unsigned long long* __restrict__ key, long long* __restrict__ idx, long long padded, long long k) {{
-  __shared__ unsigned long long sk[{TILE}];
+    unsigned long long* __restrict__ key, long long* __restrict__ idx, long long padded, long long k) {{{GRID_WAIT}  __shared__ unsigned long long sk[{TILE}];
   __shared__ long long si[{TILE}];
   const long long base = (long long)blockIdx.x * {TILE};   // rows * padded is a multiple of TILE here
   for (int t = threadIdx.x; t < {TILE}; t += blockDim.x) {{

@@ -165,23 +165,37 @@ class RawKernel:
         The kernel's name.
     options : sequence of str
         Extra NVRTC options.
+    pdl : bool, optional
+        The kernel takes part in programmatic dependent launch: every block
+        calls ``cudaGridDependencySynchronize()`` (or runs
+        ``griddepcontrol.wait``) before it touches memory that kernels
+        before it write or read, on every path, early returns included.
+        It then launches with programmatic stream serialization on sm_90 and
+        newer (while :data:`tensorplay.backends.cuda.pdl` is enabled), so it
+        may start while the kernel before it drains, eagerly and in captured
+        graphs. Default False: a plain launch, fully ordered after what came
+        before. A kernel declared so that does not wait reads stale data.
     """
 
-    def __init__(self, source: str, name: str, options: Sequence[str] = ()) -> None:
+    def __init__(self, source: str, name: str, options: Sequence[str] = (), *, pdl: bool = False) -> None:
         if not isinstance(source, str) or not isinstance(name, str):
             raise TypeError("RawKernel(source: str, name: str, options=())")
         if isinstance(options, str):
             raise TypeError("options must be a sequence of strings, not a string")
+        if not isinstance(pdl, bool):
+            raise TypeError(f"pdl must be a bool, got {type(pdl).__name__}")
         self.source = source
         self.name = name
         self.options = tuple(str(o) for o in options)
+        self.pdl = pdl
         self._codes = parse_signature(source, name)
         self._functions: dict[int, Any] = {}
 
     def _function(self, device):
         f = self._functions.get(device)
         if f is None:
-            f = self._functions[device] = _kernels.load_function(self.source, self.name, device, self.options)
+            f = self._functions[device] = _kernels.load_function(self.source, self.name, device, self.options,
+                                                                 pdl=self.pdl)
         return f
 
     @overload

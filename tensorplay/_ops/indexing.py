@@ -142,7 +142,7 @@ def _mask_to_indices(mask, view, dim):
 def _gather_source(name, d, ndim, p, body):
     return (f'extern "C" __global__ void {name}({d.ctype}* __restrict__ out, '
             f"{d.ctype}* __restrict__ src, const long long* __restrict__ idx, long long n, "
-            f"long long dimsize, int* err, tp_g g) {{\n"
+            f"long long dimsize, int* err, tp_g g) {{{_kernels.GRID_WAIT}"
             "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
             "       i += (long long)gridDim.x * blockDim.x) {\n"
             "    long long rem = i, off = 0;\n"

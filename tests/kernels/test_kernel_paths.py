@@ -491,3 +491,23 @@ def test_tiled_copies_and_elementwise_kernels_reuse_their_plans(counted):
     assert struct.unpack("<QQqd", p2) == (0x600000, 0x500000, 20, 3.0)
     k(x, 2.0, _fake_on((4, 5), f32, strides=(1, 4)))                       # other strides: another plan
     assert counted.fetched == 3 and len(_kernels.plans) == 3
+
+
+@pytest.mark.parametrize("n, block, grid", [(1, 32, 1), (32, 32, 1), (33, 64, 1), (200, 224, 1), (255, 256, 1),
+                                            (256, 256, 1), (4096, 256, 2)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_small_tensors_launch_the_warps_they_need(launches, n, block, grid, contiguous):
+    """Fewer elements than a block: whole warps covering them (a launch of one
+    warp costs the GPU less than one of eight), for the flat kernel (every
+    thread's first element, at most n, is its own) and the strided one."""
+    strides = None if contiguous else (2,)
+    src = _fake((n,), tp.float32, 0x100000, strides)
+    out = _fake((n,), tp.float32, 0x10000000)
+    _elementwise.apply("add", src, 1.0, out=out)
+    (key, g, b, _), = launches
+    assert b == block
+    if contiguous:
+        assert g == grid                         # tiles of 4096 floats
+    else:
+        assert g == -(-n // block)
+    assert _kernels.small_block(n) == block

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The generated CUDA C of the sort and sampling kernels, run on the CPU.
+"""The generated CUDA C of the sort, sampling and flat elementwise kernels, run on the CPU.
 
 tests/kernels/cuda_emulator.hpp gives the kernels just enough of CUDA (one OS thread
 per CUDA thread, the blocks one after another, __syncthreads as a barrier,
@@ -34,9 +34,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CXX = shutil.which("g++") or shutil.which("c++")
 
 
+# Flat elementwise kernels (contiguous operands): out = in0 * 2 + s0
+FLAT = {"tp_emu_flat_f32": dt.float32, "tp_emu_flat_f64": dt.float64}
+
+
 def _all_sources():
-    """(name, source) of every kernel variant of the two modules."""
+    """(name, source) of every kernel variant of the sort and sampling
+    modules, and the flat elementwise kernels of FLAT."""
     out = [(name, make()) for make, name in sort_kernels.SOURCES.values()]
+    out += [(name, codegen.elementwise_source(name, d, (d,), "a0 * 2 + s0", 0, ("f",))) for name, d in FLAT.items()]
     for d in sk.WEIGHT_DTYPES:
         for make in (sk.race_keys_source, sk.inverse_cdf_source):
             src, name = make(d)
@@ -60,6 +66,8 @@ def _wrapper(name, source):
             args.append(f"({ctype})(uintptr_t)p[{k}]")
         elif ctype == "long long":
             args.append(f"p[{k}]")
+        elif ctype == "double":
+            args.append(f"[&] {{ double v; std::memcpy(&v, &p[{k}], 8); return v; }}()")
         else:
             raise AssertionError(f"{name}: no unpacking for parameter type {ctype!r}")
     return (f'extern "C" void emu_{name}(unsigned int grid, unsigned int block, const long long* p) {{\n'
@@ -236,3 +244,33 @@ def test_kernels_report_invalid_rows_as_the_numpy_twin_does(kernels, replacement
         _sampling.inverse_cdf_cuda(FakeCudaTensor(big), FakeCudaTensor(np.full((1, 1), 0.5)), 1,
                                    FakeCudaTensor(status))
         assert status[0] == sk.SUM_OVERFLOW == sk.row_status(big, 1, True)
+
+
+@pytest.mark.parametrize("name", FLAT)
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 255, 256, 257, 1000, 1023, 1024, 2047, 2048, 2049, 4096, 5000,
+                               70001])
+def test_flat_kernels_cover_every_element_with_the_plans_grid(emulated, monkeypatch, name, n):
+    """The launch plan's grid and block (one element a thread under a tile,
+    tiles over a grid-stride loop from one on, vectors when aligned) write
+    each element once, and only those."""
+    d = FLAT[name]
+    f = _EmulatedFunction(emulated, name)
+    monkeypatch.setitem(cache._sm_cache, 0, 4)          # a small GPU: grid-stride loops take several turns
+    src = np.arange(1, n + 1, dtype=d.numpy_dtype) * 0.5
+    out = np.full(n + 8, -7.0, dtype=d.numpy_dtype)          # guard elements past the end
+    for offset in (0, 1):                                      # aligned, and off the vectors' alignment
+        out[:] = -7.0
+        ins, outs = src[offset:], out[offset:]
+        m = n - offset
+        if m == 0:
+            continue
+        plan = cache.LaunchPlan(f, 0, m, 2, ("f",), (), (), itemsizes=(d.itemsize, d.itemsize))
+        plan.launch([outs.ctypes.data, ins.ctypes.data], [3.0], 0)
+        np.testing.assert_array_equal(outs[:m], ins[:m] * 2 + 3.0)
+        assert (outs[m:] == -7.0).all() and (out[:offset] == -7.0).all()
+        grid, block = f.launches[-1]
+        tile = codegen.flat_tile((d.itemsize, d.itemsize))
+        if m < tile:
+            assert grid * block >= m and block == cache.small_block(m) and block % 32 == 0
+        else:
+            assert block == cache.BLOCK

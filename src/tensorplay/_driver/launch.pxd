@@ -12,6 +12,9 @@ cdef class Function:
     cdef readonly Module module
     cdef readonly str name
     cdef readonly int device
+    # launched with programmatic stream serialization (while pdl_on): the
+    # kernel waits on its grid dependency before its first read (sm_90 code)
+    cdef public bint pdl
 
     cdef int c_launch(self, unsigned int gx, unsigned int gy, unsigned int gz,
                       unsigned int bx, unsigned int by, unsigned int bz,

@@ -5,9 +5,12 @@ The launch plans that pack tensors' addresses and scalars for a kernel are
 tensorplay._kernels.packer (they read tensors, a floor above this one)."""
 
 cimport cython
+import os
+
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
+from libc.string cimport memset
 
 from tensorplay._driver.context cimport LIVE_MODULES, check, count_live, ensure_context, validate_device
 from tensorplay._driver.stream cimport current_stream_handle
@@ -15,6 +18,26 @@ from tensorplay._driver.stream cimport current_stream_handle
 # the CUmodules this process loaded through Module, as ints: a graph's kernel
 # node runs one of our kernels exactly when its function's module is here
 cdef set _own_modules = set()
+
+# Programmatic dependent launch (Hopper and newer): a kernel whose code waits
+# on the grid dependency (griddepcontrol.wait) before it reads anything is
+# launched with programmatic stream serialization, so it may start while the
+# kernel before it drains. TENSORPLAY_PDL=0 turns it off from the start.
+cdef bint pdl_on = os.environ.get("TENSORPLAY_PDL", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def set_pdl_enabled(bint enabled):
+    """Launch the kernels that wait on their grid dependency with programmatic
+    stream serialization (True, the default) or as plain launches (False).
+    Read at each launch: a graph keeps what its capture used."""
+    global pdl_on
+    pdl_on = enabled
+
+
+def pdl_enabled():
+    """Whether kernels that wait on their grid dependency launch with
+    programmatic stream serialization (:func:`set_pdl_enabled`)."""
+    return pdl_on
 
 
 cdef bint is_own_function(cydriver.CUfunction func) noexcept:
@@ -67,6 +90,7 @@ cdef class Module:
         f.module = self
         f.name = name
         f.device = self.device
+        f.pdl = False
         return f
 
     @property
@@ -84,11 +108,25 @@ cdef class Function:
                       const void* params, size_t params_size) except -1 nogil:
         cdef void* extra[5]
         cdef void** ex = NULL
+        cdef cydriver.CUlaunchConfig config
+        cdef cydriver.CUlaunchAttribute attr
         if params_size:
             fill_launch_extra(extra, params, &params_size)
             ex = extra
         ensure_context(self.device)
-        check(cydriver.cuLaunchKernel(self._handle, gx, gy, gz, bx, by, bz, shared, stream, NULL, ex))
+        if not (self.pdl and pdl_on):
+            check(cydriver.cuLaunchKernel(self._handle, gx, gy, gz, bx, by, bz, shared, stream, NULL, ex))
+            return 0
+        memset(&attr, 0, sizeof(attr))
+        attr.id = cydriver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+        config.sharedMemBytes = shared
+        config.hStream = stream
+        config.attrs = &attr
+        config.numAttrs = 1
+        check(cydriver.cuLaunchKernelEx(&config, self._handle, NULL, ex))
         return 0
 
     def launch(self, grid, block, bytes params not None, unsigned int shared_mem=0, stream=None):

@@ -28,7 +28,8 @@ _MEMTYPES = {cydriver.CU_MEMORYTYPE_HOST: "host", cydriver.CU_MEMORYTYPE_DEVICE:
 cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
     """Nodes (kind, kernel name, attributes, conditional bodies) and edges of
     ``g``, read with cuGraphGetNodes / cuGraphNodeGetType / cuGraphGetEdges and
-    the node-params getters. ``conditionals`` maps each conditional node
+    the node-params getters; ``programmatic_edges`` are the edges among them
+    of programmatic type (programmatic dependent launch). ``conditionals`` maps each conditional node
     (as an int) to (its kind, IF_NODE, WHILE_NODE or SWITCH_NODE, its body
     CUgraphs as ints in branch order, its handle): the driver cannot be asked for a
     conditional node's bodies. Each body's description carries its
@@ -110,6 +111,7 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
         out.append(d)
     check(cydriver.cuGraphGetEdges(g, NULL, NULL, NULL, &ne))
     edges = []
+    programmatic = []
     if ne:
         froms.resize(ne)
         tos.resize(ne)
@@ -120,4 +122,8 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
             b = index.get(<uintptr_t>tos[i])
             if a is not None and b is not None:
                 edges.append([a, b])
-    return {"nodes": out, "edges": edges}
+                # programmatic dependent launch: the kernel after may start
+                # before the one before it completes, and waits in its code
+                if edata[i].type == cydriver.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC:
+                    programmatic.append([a, b])
+    return {"nodes": out, "edges": edges, "programmatic_edges": programmatic}
