@@ -278,15 +278,29 @@ def flat_grid(n: int, tile: int, sms: int) -> int:
     return max(1, min(-(-n // tile), sms * FLAT_BLOCKS_PER_SM))
 
 
-def flat_launch(n: int, tile: int, sms: int) -> tuple[int, int]:
-    """(grid, block) of a flat kernel over ``n`` elements in tiles of
-    ``tile``: under one tile the kernel takes one element a thread, so the
-    grid covers n with whole warps (a tensor of a few elements launches one
-    warp: graphs of tiny kernels pay per node for every instruction and
-    warp); from one tile on, :func:`flat_grid` blocks of BLOCK threads."""
+# Mid-sized flat launches cover the elements with one vector a thread (twice
+# the blocks of tiles, so all SMs take part) up to this many blocks per SM;
+# beyond, tiles of two vectors a thread over a grid-stride loop.
+COVER_BLOCKS_PER_SM = 16
+
+
+def flat_launch(n: int, itemsizes, sms: int) -> tuple[int, int]:
+    """(grid, block) of a flat kernel over ``n`` elements of operands of
+    ``itemsizes``; the kernel reads its regime from the grid
+    (``_codegen.flat_kernel_text``). Under one tile, whole warps covering n,
+    one element a thread (a tensor of a few elements launches one warp:
+    graphs of tiny kernels pay per node for every instruction and warp);
+    then blocks of BLOCK threads covering n with one vector a thread, up to
+    COVER_BLOCKS_PER_SM blocks per SM; beyond, :func:`flat_grid` blocks
+    over tiles."""
+    width = _codegen.flat_vector_width(itemsizes)
+    tile = _codegen.flat_tile(itemsizes)
     if n < tile:
         block = small_block(n)
         return -(-n // block), block
+    covering = -(-n // (BLOCK * width))
+    if covering <= sms * COVER_BLOCKS_PER_SM:
+        return covering, BLOCK
     return flat_grid(n, tile, sms), BLOCK
 
 
@@ -378,7 +392,7 @@ class LaunchPlan:
         if grid is not None:
             self.grid = grid
         elif itemsizes:
-            self.grid, block = flat_launch(n, _codegen.flat_tile(itemsizes), sm_count(dev))
+            self.grid, block = flat_launch(n, itemsizes, sm_count(dev))
         else:
             block = small_block(n, block)
             self.grid = grid_for(n, dev)

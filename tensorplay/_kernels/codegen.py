@@ -172,9 +172,9 @@ def elementwise_source(name: str, out: dt.dtype, inputs: tuple, expr: str,
 
 def flat_kernel_text(name, out, inputs, expr, scalars):
     """A flat (every operand contiguous) kernel over tiles of ``flat_tile``
-    elements, grid-stride; under one tile, one element a thread over a grid
-    covering them (:func:`tensorplay._kernels.cache.flat_launch` sizes
-    both). When every pointer is aligned for its vectors
+    elements, grid-stride; or, when the grid covers the elements (the launch
+    plan chooses, :func:`tensorplay._kernels.cache.flat_launch`), one element
+    or one vector a thread. When every pointer is aligned for its vectors
     (tested here on the device: a plan cached by shape is reused with other
     pointers, and the test is free on the host this way) full tiles go
     through 128-bit vector loads and stores; otherwise, and for the last
@@ -190,19 +190,41 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
     names = ["out"] + [f"in{k}" for k in range(len(inputs))]
     misaligned = " | ".join(f"((unsigned long long){p} & {m}ULL)" for p, m in zip(names, alignment_masks(sizes)))
     lines = [f'extern "C" __global__ void __launch_bounds__({FLAT_BLOCK}) {name}({", ".join(params)}) {{' + GRID_WAIT,
+             f"  const bool vectors = ({misaligned}) == 0;",
              f"  const long long tile = {FLAT_BLOCK * per_thread}LL;",
-             # less than a tile: the grid covers n, one element a thread (the
-             # launch plan makes that grid); the fewest instructions per thread
-             "  if (n < tile) {",
-             "    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
-             "    if (i < n) {"]
+             # The launch plan's grid says how the work is split (see
+             # cache.flat_launch): covering n with one element a thread (the
+             # fewest instructions: tiny tensors), or with one vector a thread
+             # (mid sizes: twice the blocks of tiles); a tiled grid never
+             # covers n with one vector a thread.
+             "  const long long threads = (long long)gridDim.x * blockDim.x;",
+             "  if (threads * " + str(width) + " >= n) {",
+             "    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
+             "    const long long per = threads >= n ? 1 : " + str(width) + ";",
+             "    const long long first = t * per;"]
+    if width > 1:
+        lines.append("    if (per > 1 && vectors && first + per <= n) {")
+        for k, d in enumerate(inputs):
+            lines.append(f"      const tp_vec<{d.ctype}, {width}> r{k} = "
+                         f"reinterpret_cast<const tp_vec<{d.ctype}, {width}>*>(in{k})[t];")
+        lines.append(f"      tp_vec<{out.ctype}, {width}> w;")
+        lines.append("#pragma unroll")
+        lines.append(f"      for (int j = 0; j < {width}; ++j) {{")
+        lines.append(f"        long long i = first + j; (void)i;")
+        for k, d in enumerate(inputs):
+            lines.append(f"        {compute_ctype(d)} a{k} = {load_expr(d, f'r{k}.v', 'j')};")
+        lines.append("        " + store_stmt(out, "w.v", "j", expr))
+        lines.append("      }")
+        lines.append(f"      reinterpret_cast<tp_vec<{out.ctype}, {width}>*>(out)[t] = w;")
+        lines.append("      return;")
+        lines.append("    }")
+    lines.append("    for (long long i = first; i < first + per && i < n; ++i) {")
     for k, d in enumerate(inputs):
         lines.append(f"      {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', 'i')};")
     lines += ["      " + store_stmt(out, "out", "i", expr),
               "    }",
               "    return;",
               "  }",
-              f"  const bool vectors = ({misaligned}) == 0;",
              "  const long long ntiles = (n + tile - 1) / tile;",
              "  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {",
              "    const long long base = t * tile;"]

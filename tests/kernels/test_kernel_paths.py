@@ -78,8 +78,12 @@ def test_flat_kernels_test_the_alignment_vector_width_tests():
 
 def test_flat_launch_plans_size_the_grid_in_tiles(monkeypatch):
     monkeypatch.setitem(_kernels._sm_cache, 0, 132)
+    # mid sizes: one 4-float vector a thread, blocks of 256 covering n
     plan = _kernels.LaunchPlan(None, 0, 10_000, 3, (), (), (), (4, 4, 4))
-    assert plan.grid == -(-10_000 // 2048)
+    assert (plan.grid, plan.block) == (-(-10_000 // 1024), 256)
+    big = 132 * _kernels.COVER_BLOCKS_PER_SM * 1024 + 1          # past the covering grids: tiles
+    plan = _kernels.LaunchPlan(None, 0, big, 3, (), (), (), (4, 4, 4))
+    assert (plan.grid, plan.block) == (-(-big // 2048), 256)
     plan = _kernels.LaunchPlan(None, 0, 10_000, 3, (), (4,), ([1], [1], [1]))
     assert plan.grid == -(-10_000 // 256)
 
@@ -494,7 +498,7 @@ def test_tiled_copies_and_elementwise_kernels_reuse_their_plans(counted):
 
 
 @pytest.mark.parametrize("n, block, grid", [(1, 32, 1), (32, 32, 1), (33, 64, 1), (200, 224, 1), (255, 256, 1),
-                                            (256, 256, 1), (4096, 256, 2)])
+                                            (256, 256, 1), (4096, 256, 4)])
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_small_tensors_launch_the_warps_they_need(launches, n, block, grid, contiguous):
     """Fewer elements than a block: whole warps covering them (a launch of one
@@ -507,7 +511,7 @@ def test_small_tensors_launch_the_warps_they_need(launches, n, block, grid, cont
     (key, g, b, _), = launches
     assert b == block
     if contiguous:
-        assert g == grid                         # tiles of 4096 floats
+        assert g == grid                         # 4096 floats: one 4-float vector a thread
     else:
         assert g == -(-n // block)
     assert _kernels.small_block(n) == block

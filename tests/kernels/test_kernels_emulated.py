@@ -248,7 +248,7 @@ def test_kernels_report_invalid_rows_as_the_numpy_twin_does(kernels, replacement
 
 @pytest.mark.parametrize("name", FLAT)
 @pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 255, 256, 257, 1000, 1023, 1024, 2047, 2048, 2049, 4096, 5000,
-                               70001])
+                               70001, 70002, 300001])
 def test_flat_kernels_cover_every_element_with_the_plans_grid(emulated, monkeypatch, name, n):
     """The launch plan's grid and block (one element a thread under a tile,
     tiles over a grid-stride loop from one on, vectors when aligned) write
@@ -269,8 +269,11 @@ def test_flat_kernels_cover_every_element_with_the_plans_grid(emulated, monkeypa
         np.testing.assert_array_equal(outs[:m], ins[:m] * 2 + 3.0)
         assert (outs[m:] == -7.0).all() and (out[:offset] == -7.0).all()
         grid, block = f.launches[-1]
-        tile = codegen.flat_tile((d.itemsize, d.itemsize))
-        if m < tile:
+        sizes = (d.itemsize, d.itemsize)
+        width = codegen.flat_vector_width(sizes)
+        if m < codegen.flat_tile(sizes):                       # one element a thread
             assert grid * block >= m and block == cache.small_block(m) and block % 32 == 0
-        else:
-            assert block == cache.BLOCK
+        elif -(-m // (cache.BLOCK * width)) <= 4 * cache.COVER_BLOCKS_PER_SM:   # one vector a thread
+            assert block == cache.BLOCK and grid * block < m <= grid * block * width
+        else:                                                  # tiles, grid-stride
+            assert block == cache.BLOCK and grid * block * width < m
