@@ -152,6 +152,20 @@ def build_cloop():
 
 # ---------------------------------------------------------------- 1. replay overhead
 
+def torch_graph(torch, build):
+    """(a torch.cuda.CUDAGraph of ``build()``, what the captured call
+    returned), warmed up first on a side stream as PyTorch's docs ask."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        build()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = build()
+    return g, out
+
+
 def _loop(fn):
     def batch(k):
         for _ in range(k):
@@ -1156,14 +1170,7 @@ def _tp_graph_layers(lib, x, w, layers=4):
 
 
 def _torch_graph_layers(torch, x, w, layers=4):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _layers(x, w, layers)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = _layers(x, w, layers)
+    g, y = torch_graph(torch, lambda: _layers(x, w, layers))
     return _replayer(g, y)
 
 
@@ -1936,14 +1943,7 @@ def random_rows(quick, torch, repeats, calls):
 
             def step():
                 return (torch.rand(m, device="cuda") if with_random else src) * 2
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step()
-            torch.cuda.current_stream().wait_stream(side)
-            tg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(tg):
-                step()
+            tg, _ = torch_graph(torch, step)
             contenders.append(("PyTorch CUDAGraph.replay()", _loop(tg.replay), torch.cuda.synchronize))
 
         if contenders:

@@ -208,13 +208,7 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
             lines.append(f"      const tp_vec<{d.ctype}, {width}> r{k} = "
                          f"reinterpret_cast<const tp_vec<{d.ctype}, {width}>*>(in{k})[t];")
         lines.append(f"      tp_vec<{out.ctype}, {width}> w;")
-        lines.append("#pragma unroll")
-        lines.append(f"      for (int j = 0; j < {width}; ++j) {{")
-        lines.append(f"        long long i = first + j; (void)i;")
-        for k, d in enumerate(inputs):
-            lines.append(f"        {compute_ctype(d)} a{k} = {load_expr(d, f'r{k}.v', 'j')};")
-        lines.append("        " + store_stmt(out, "w.v", "j", expr))
-        lines.append("      }")
+        lines += _vector_lanes("      ", out, inputs, expr, width, "first", "", "w")
         lines.append(f"      reinterpret_cast<tp_vec<{out.ctype}, {width}>*>(out)[t] = w;")
         lines.append("      return;")
         lines.append("    }")
@@ -242,13 +236,8 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
         lines.append("      }")
         lines.append("#pragma unroll")
         lines.append(f"      for (int u = 0; u < {FLAT_VECTORS}; ++u) {{")
-        lines.append("#pragma unroll")
-        lines.append(f"        for (int j = 0; j < {width}; ++j) {{")
-        lines.append(f"          long long i = (vbase + u * {FLAT_BLOCK}) * {width} + j; (void)i;")
-        for k, d in enumerate(inputs):
-            lines.append(f"          {compute_ctype(d)} a{k} = {load_expr(d, f'r{k}[u].v', 'j')};")
-        lines.append("          " + store_stmt(out, "w[u].v", "j", expr))
-        lines.append("        }")
+        lines += _vector_lanes("        ", out, inputs, expr, width, f"(vbase + u * {FLAT_BLOCK}) * {width}", "[u]",
+                               "w[u]")
         lines.append(f"        reinterpret_cast<tp_vec<{out.ctype}, {width}>*>(out)[vbase + u * {FLAT_BLOCK}]"
                      " = w[u];")
         lines.append("      }")
@@ -277,6 +266,18 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
     lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _vector_lanes(indent, out, inputs, expr, width, first, lane, dst):
+    """C lines computing the ``width`` lanes of one vector: input k from the
+    loaded vector ``r<k><lane>``, into vector ``dst``; ``i`` (the element
+    index, which ``expr`` may use) is ``first`` + lane."""
+    lines = ["#pragma unroll", f"{indent}for (int j = 0; j < {width}; ++j) {{",
+             f"{indent}  long long i = {first} + j; (void)i;"]
+    for k, d in enumerate(inputs):
+        lines.append(f"{indent}  {compute_ctype(d)} a{k} = {load_expr(d, f'r{k}{lane}.v', 'j')};")
+    lines += [f"{indent}  " + store_stmt(out, f"{dst}.v", "j", expr), f"{indent}}}"]
+    return lines
 
 
 def offset_code(ndim, nops):
