@@ -132,6 +132,8 @@ def tiny_case(torch, clocks, rounds, n=100):
           lambda: tp_graph(lambda: [inc(1, 256, (x,)) for _ in range(n)], False).replay)
     guard(contenders, "tensorplay RawKernel, 1 thread, waits (PDL)", "tensorplay",
           lambda: tp_graph(lambda: [inc_waiting(1, 1, (x,)) for _ in range(n)], True).replay)
+    guard(contenders, "tensorplay RawKernel, 1 thread, waits (PDL off)", "tensorplay",
+          lambda: tp_graph(lambda: [inc_waiting(1, 1, (x,)) for _ in range(n)], False).replay)
     if torch is not None:
         tx = torch.zeros(1, device="cuda")
         guard(contenders, "PyTorch", "PyTorch", lambda: torch_graph(torch, lambda: [tx.add_(1) for _ in range(n)]).replay)

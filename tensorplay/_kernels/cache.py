@@ -278,10 +278,13 @@ def flat_grid(n: int, tile: int, sms: int) -> int:
     return max(1, min(-(-n // tile), sms * FLAT_BLOCKS_PER_SM))
 
 
-# Mid-sized flat launches cover the elements with one vector a thread (twice
-# the blocks of tiles, so all SMs take part) up to this many blocks per SM;
-# beyond, tiles of two vectors a thread over a grid-stride loop.
-COVER_BLOCKS_PER_SM = 16
+# Flat launches cover the elements with one vector a thread up to this many
+# blocks per SM; beyond (tensors of tens of GB), tiles of two vectors a
+# thread over a grid-stride loop. Measured on the H200 (chains of in-place
+# float32 ops in a graph), covering is as fast or faster than tiles at every
+# size from 256 KiB to 64 MiB: 1.04 against 1.50 us an op at 1 MiB, 32.8
+# against 34.1 at 64 MiB.
+COVER_BLOCKS_PER_SM = 1 << 16
 
 
 def flat_launch(n: int, itemsizes, sms: int) -> tuple[int, int]:
@@ -292,7 +295,7 @@ def flat_launch(n: int, itemsizes, sms: int) -> tuple[int, int]:
     graphs of tiny kernels pay per node for every instruction and warp);
     then blocks of BLOCK threads covering n with one vector a thread, up to
     COVER_BLOCKS_PER_SM blocks per SM; beyond, :func:`flat_grid` blocks
-    over tiles."""
+    looping over tiles."""
     width = _codegen.flat_vector_width(itemsizes)
     tile = _codegen.flat_tile(itemsizes)
     if n < tile:

@@ -195,8 +195,8 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
              # The launch plan's grid says how the work is split (see
              # cache.flat_launch): covering n with one element a thread (the
              # fewest instructions: tiny tensors), or with one vector a thread
-             # (mid sizes: twice the blocks of tiles); a tiled grid never
-             # covers n with one vector a thread.
+             # (the rest, up to tens of GB); a tiled grid never covers n with
+             # one vector a thread.
              "  const long long threads = (long long)gridDim.x * blockDim.x;",
              "  if (threads * " + str(width) + " >= n) {",
              "    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;",

@@ -62,7 +62,7 @@ def test_show_config_with_cuda_disabled():
 def test_config_is_a_dict_without_a_gpu_too(kernel_cache):
     info = tp.config()
     assert info["kernel_cache"]["path"] == str(kernel_cache)
-    assert set(info["env"]) == {"TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA"}
+    assert set(info["env"]) == {"TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA", "TENSORPLAY_PDL"}
     assert (info["cuda"] is None) == HAS_CUDA
     if not HAS_CUDA:
         assert info["gpus"] == []
