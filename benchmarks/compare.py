@@ -166,6 +166,29 @@ def torch_graph(torch, build):
     return g, out
 
 
+def cuda_core_graph(n, ptr, stream_handle=None):
+    """(cuda.core graph of ``n`` one-thread kernels each adding 1 to the float
+    at ``ptr``, uploaded, the cuda.core stream it launches on): that stream
+    wraps ``stream_handle``, or is a new one."""
+    try:
+        from cuda.core import Device, LaunchConfig, Program, ProgramOptions, Stream, launch
+    except ImportError:
+        from cuda.core.experimental import Device, LaunchConfig, Program, ProgramOptions, Stream, launch
+    dev = Device(tp.cuda.current_device())
+    dev.set_current()
+    prog = Program('extern "C" __global__ void inc(float* x) { x[0] += 1.0f; }', code_type="c++",
+                   options=ProgramOptions(arch=f"sm_{dev.arch}"))
+    ker = prog.compile("cubin").get_kernel("inc")
+    st = dev.create_stream() if stream_handle is None else Stream.from_handle(stream_handle)
+    gb = st.create_graph_builder()
+    gb.begin_building()
+    for _ in range(n):
+        launch(gb, LaunchConfig(grid=1, block=1), ker, np.uintp(ptr))
+    graph = gb.end_building().complete()
+    graph.upload(st)
+    return graph, st
+
+
 def _loop(fn):
     def batch(k):
         for _ in range(k):
@@ -241,24 +264,10 @@ def replay_rows(sizes, calls, repeats, torch, cp):
 
         @guarded("replay", case, "cuda.core Graph.launch()")
         def _core():
-            try:
-                from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
-            except ImportError:
-                from cuda.core.experimental import Device, LaunchConfig, Program, ProgramOptions, launch
-            dev = Device(0)
-            dev.set_current()
-            prog = Program('extern "C" __global__ void inc(float* x) { x[0] += 1.0f; }', code_type="c++",
-                           options=ProgramOptions(arch=f"sm_{dev.arch}"))
-            ker = prog.compile("cubin").get_kernel("inc")
-            st = dev.create_stream()
             buf = tp.zeros(1, device="cuda")
-            gb = st.create_graph_builder()
-            gb.begin_building()
-            for _ in range(n):
-                launch(gb, LaunchConfig(grid=1, block=1), ker, np.uintp(buf.data_ptr()))
-            graph = gb.end_building().complete()
-            graph.upload(st)
-            contenders.append(("cuda.core Graph.launch()", _loop(lambda: graph.launch(st)), st.sync))
+            graph, st = cuda_core_graph(n, buf.data_ptr())
+            # the graph writes buf through a raw address: the lambdas keep it alive
+            contenders.append(("cuda.core Graph.launch()", _loop(lambda buf=buf: graph.launch(st)), st.sync))
             latencies["cuda.core Graph.launch()"] = latency(lambda: graph.launch(st), repeats, st.sync)
 
         host = interleaved_host(contenders, k, repeats)

@@ -153,21 +153,7 @@ def tiny_case(torch, clocks, rounds, n=100):
     guard(contenders, "CuPy +=", "tensorplay", cupy_graph)
 
     def core_graph():
-        try:
-            from cuda.core import Device, LaunchConfig, Program, ProgramOptions, Stream, launch
-        except ImportError:
-            from cuda.core.experimental import Device, LaunchConfig, Program, ProgramOptions, Stream, launch
-        dev = Device(tp.cuda.current_device())
-        dev.set_current()
-        prog = Program(INC_SOURCE, code_type="c++", options=ProgramOptions(arch=f"sm_{dev.arch}"))
-        ker = prog.compile("cubin").get_kernel("inc")
-        st = Stream.from_handle(tp.cuda.current_stream().handle)
-        gb = st.create_graph_builder()
-        gb.begin_building()
-        for _ in range(n):
-            launch(gb, LaunchConfig(grid=1, block=1), ker, np.uintp(x.data_ptr()))
-        graph = gb.end_building().complete()
-        graph.upload(st)
+        graph, st = compare.cuda_core_graph(n, x.data_ptr(), tp.cuda.current_stream().handle)
         return lambda: graph.launch(st)
     guard(contenders, "cuda.core 1-thread kernel", "tensorplay", core_graph)
     measure("tiny", f"{n} nodes, 1 float", contenders, clocks, rounds, per=n)
