@@ -254,9 +254,9 @@ def launch_plan_key(kernel_key, device: int, shape, strides):
 
 def small_block(n: int, block: int = BLOCK) -> int:
     """The block for ``n`` elements: ``block``, or for fewer elements than
-    that the whole warps covering them. A kernel of one element launches one
-    warp, not eight: the launch of a small block costs less GPU time, which
-    is what graphs of many tiny kernels pay per node."""
+    that the whole warps covering them, so that no warp idles (a launch of
+    one warp and one of eight cost the same on the H200: what a tiny node
+    costs is its instructions, not its block)."""
     return block if n >= block else max(32, -(-n // 32) * 32)
 
 
@@ -291,8 +291,8 @@ def flat_launch(n: int, itemsizes, sms: int) -> tuple[int, int]:
     """(grid, block) of a flat kernel over ``n`` elements of operands of
     ``itemsizes``; the kernel reads its regime from the grid
     (``_codegen.flat_kernel_text``). Under one tile, whole warps covering n,
-    one element a thread (a tensor of a few elements launches one warp:
-    graphs of tiny kernels pay per node for every instruction and warp);
+    one element a thread (the fewest instructions a thread: graphs of tiny
+    kernels pay for each of them per node);
     then blocks of BLOCK threads covering n with one vector a thread, up to
     COVER_BLOCKS_PER_SM blocks per SM; beyond, :func:`flat_grid` blocks
     looping over tiles."""
