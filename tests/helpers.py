@@ -96,6 +96,35 @@ def spin(stream, cycles=200_000_000, flag_ptr=0, device=0):
     f.launch(1, 1, struct.pack("<qQ", cycles, flag_ptr), 0, stream.handle)
 
 
+SLOW_WRITE = r"""
+extern "C" __global__ void slow_write(float* y, long long n, float value, unsigned long long ns) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    y[i] = value;
+}
+"""
+
+
+
+def slow_writer(sleep_ns=200_000):
+    """``write(y, value)``: a kernel that lets the kernels after it launch at
+    once (programmatic dependent launch), sleeps ``sleep_ns`` on the GPU and
+    only then writes ``value`` into every element of float32 CUDA tensor
+    ``y``: what reads ``y`` too early sees the old values."""
+    kernel = tp.RawKernel(SLOW_WRITE, "slow_write", pdl=True)
+
+    def write(y, value, ns=sleep_ns):
+        kernel((64,), (256,), (y, y.numel(), float(value), ns))
+    return write
+
+
 def ptx_of(source, arch=90, options=()):
     """PTX of ``source`` for compute_``arch``: to see which instructions and
     parameters a kernel has (NVRTC only, no GPU)."""

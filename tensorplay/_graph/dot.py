@@ -97,7 +97,7 @@ def _emit(desc, prefix, lines, indent, detailed, counter):
             cluster = f"cluster_{counter[0]}"
             branch = body.get("label") if len(bodies) > 1 else None
             lines.append(f"{indent}subgraph {cluster} {{")
-            label = branch if branch else node.get("type", "body")
+            label = branch if branch else body.get("label") if node.get("kind") == "graph" else node.get("type", "body")
             lines.append(f"{indent}  label={escape(label)}; style=rounded; color=gray40;")
             body_prefix = f"{prefix}n{node['id']}b{b}_"
             first = _emit(body, body_prefix, lines, indent + "  ", detailed, counter)

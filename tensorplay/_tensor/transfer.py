@@ -28,7 +28,7 @@ import numpy as np
 from tensorplay._driver.context import device_index as cuda_device_index
 from tensorplay._driver.context import synchronize as synchronize_context
 from tensorplay._driver.memcpy import memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, refuse_in_capture
-from tensorplay._driver.stream import Event, current_stream, current_stream_handle_of
+from tensorplay._driver.stream import Event, current_stream, current_stream_handle_of, raise_host_errors
 from tensorplay._kernels.param_upload import PARAM_UPLOAD_MAX_BYTES, launch_param_write
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ __all__ = ["register_device_error_check", "run_device_error_checks", "register_f
 
 # Called with a device index at every synchronizing host read, so kernels that
 # flag errors on the device (out-of-range device indices) are reported there.
-_device_error_checks: list[Callable[[int], None]] = []
+# What host functions (launch_host_func) raised is one of them.
+_device_error_checks: list[Callable[[int], None]] = [raise_host_errors]
 
 # Converts a foreign array (CUDA Array Interface or DLPack) to a Tensor.
 _foreign_converter: list[Callable[[object], object] | None] = [None]

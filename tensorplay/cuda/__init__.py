@@ -13,8 +13,9 @@ from tensorplay._driver.context import (CudaError, CudaUnavailableError, OutOfMe
                                         get_device_properties, is_available, is_device_supported, mem_get_info,
                                         set_device, unavailable_reason)
 from tensorplay._driver.devices import device
-from tensorplay._driver.stream import (Event, ExternalStream, Stream, current_stream, default_stream, set_stream,
-                                       stream)
+from tensorplay._driver.stream import (Event, ExternalStream, HostFunctionError, Stream, current_stream,
+                                       default_stream, set_stream, stream)
+from tensorplay._driver.hostfn import launch_host_func
 from tensorplay._memory.api import (empty_cache, graph_pool_handle, max_memory_allocated, max_memory_reserved,
                                     memory_allocated, memory_reserved, memory_snapshot, memory_stats,
                                     reset_peak_memory_stats)
@@ -44,6 +45,7 @@ sys.modules[__name__ + ".cudagraphs"] = cudagraphs
 __all__ = ["make_graphed_callables", "CUDAGraph", "GraphPool", "GraphSet", "PoolAsleepError", "ElementwiseKernel", "RawKernel", "cudagraphify", "graph",
     "is_current_stream_capturing", "to_dot", "ForeignRandomError", "foreign_capture_libraries", "set_foreign_capture",
     "CublasError", "CublasUnavailableError", "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
+    "HostFunctionError", "launch_host_func",
     "can_device_access_peer", "clear_kernel_cache", "current_device", "current_stream", "default_stream", "device",
     "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",

@@ -102,3 +102,15 @@ def test_the_decisions_hold_with_cuda_turned_off():
     out = run_python(_DISABLED, TENSORPLAY_DISABLE_CUDA="1")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "OK"
+
+
+def test_launch_host_func_checks_its_callable_first():
+    with pytest.raises(TypeError, match="^launch_host_func: fn must be callable, got int$"):
+        tp.cuda.launch_host_func(1)
+    assert issubclass(tp.cuda.HostFunctionError, RuntimeError)
+
+
+@no_gpu
+def test_launch_host_func_without_cuda_raises_cuda_unavailable():
+    with pytest.raises(tp.cuda.CudaUnavailableError):
+        tp.cuda.launch_host_func(lambda: None)

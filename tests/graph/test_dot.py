@@ -136,3 +136,15 @@ def test_to_dot_renders_a_description_built_by_hand_or_loaded_from_json():
 def test_to_dot_refuses_what_is_no_description(bad):
     with pytest.raises(TypeError, match="^to_dot expects a graph description .* got "):
         _dot.to_dot(bad)
+
+
+def test_a_child_graph_node_is_a_labelled_cluster():
+    desc = {"nodes": [{"id": 0, "kind": "kernel", "name": "a"},
+                      {"id": 1, "kind": "graph", "attrs": {},
+                       "bodies": [{"label": "child graph", "nodes": [{"id": 0, "kind": "kernel", "name": "inner"}],
+                                   "edges": []}]}],
+            "edges": [[0, 1]]}
+    dot = _dot.to_dot(desc)
+    assert 'label="child graph"; style=rounded' in dot
+    assert '"n1b0_n0" [label="kernel\\ninner", shape=box];' in dot
+    assert '"n1" -> "n1b0_n0" [lhead=cluster_1, style=dashed];' in dot

@@ -13,28 +13,13 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from helpers import warm
+from helpers import slow_writer, warm
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda
 
 SLEEP_NS = 200_000
 N = 1 << 20          # 4 MiB of float32
-
-SLOW_WRITE = r"""
-extern "C" __global__ void slow_write(float* y, long long n, float value, unsigned long long ns) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-    y[i] = value;
-}
-"""
 
 # Declared pdl but never waits: what a kernel missing its wait would do.
 NO_WAIT_READ = r"""
@@ -59,11 +44,7 @@ def pdl_on():
 
 @pytest.fixture(scope="module")
 def slow_write():
-    kernel = tp.RawKernel(SLOW_WRITE, "slow_write", pdl=True)
-
-    def write(y, value, ns=SLEEP_NS):
-        kernel((64,), (256,), (y, y.numel(), float(value), ns))
-    return write
+    return slow_writer(SLEEP_NS)
 
 
 def _values(t):

@@ -58,6 +58,65 @@ def _forget_streams_in_forked_child():
 os.register_at_fork(after_in_child=_forget_streams_in_forked_child)
 
 
+# What a host function queued with launch_host_func raised, by device, kept
+# for the next synchronize of that device (tensorplay._driver.hostfn fills it).
+cdef object _host_errors_lock = threading.Lock()
+cdef dict _host_errors = {}
+
+
+class HostFunctionError(RuntimeError):
+    """A host function queued with ``launch_host_func`` raised; the original
+    exception is this one's ``__cause__``."""
+
+
+cdef void keep_host_error(int device, str what, object exc) noexcept:
+    try:
+        with _host_errors_lock:
+            _host_errors.setdefault(device, []).append((what, exc))
+    except BaseException:
+        pass
+
+
+def raise_host_errors(int device):
+    """Raise HostFunctionError for the first exception a host function on
+    ``device`` raised since the last call (the others counted in its
+    message), and forget them all."""
+    if not _host_errors:
+        return
+    with _host_errors_lock:
+        errors = _host_errors.pop(device, None)
+    if errors:
+        what, exc = errors[0]
+        more = f"; {len(errors) - 1} more raised after it" if len(errors) > 1 else ""
+        raise HostFunctionError(f"{what} raised {type(exc).__name__}: {exc}{more}") from exc
+
+
+# Set by the graph floor (tensorplay._graph.conditionals): for a stream
+# handle, which conditional body it is capturing ("the body of a WHILE node"),
+# or None. The driver allows no host or event nodes in conditional bodies.
+cdef object _conditional_body_of = None
+
+
+def set_conditional_body_test(fn):
+    """Give this floor the function naming the conditional body a stream handle captures, or None."""
+    global _conditional_body_of
+    _conditional_body_of = fn
+
+
+cdef int refuse_in_conditional_body(cydriver.CUstream stream, str what) except -1:
+    """Raise when ``stream`` is capturing a conditional node's body, before
+    the driver refuses the node (which would invalidate the capture)."""
+    if _conditional_body_of is None:
+        return 0
+    body = _conditional_body_of(<uintptr_t>stream)
+    if body:
+        raise RuntimeError(f"{what}: the stream is capturing {body}, and the driver allows no host "
+                           f"functions or event records and waits in conditional bodies (kernels, "
+                           f"copies, memsets, child graphs and conditional nodes only); queue it before "
+                           f"or after the conditional node")
+    return 0
+
+
 def cached_stream_count():
     """Streams kept for reuse by later Stream() calls (never destroyed)."""
     return sum(len(v) for v in _recycled.values())
@@ -174,19 +233,39 @@ cdef class Stream:
         return True
 
     def synchronize(self):
-        """Wait for all work on the stream, cuStreamSynchronize (GIL released)."""
+        """Wait for all work on the stream, cuStreamSynchronize (GIL released).
+
+        Raises HostFunctionError when a host function queued on the device
+        (``launch_host_func``) raised since the last synchronize."""
         with nogil:
             ensure_context(self._device)
             check(cydriver.cuStreamSynchronize(self._handle))
+        if _host_errors:
+            raise_host_errors(self._device)
 
     def wait_event(self, event):
-        """Make future work on this stream wait for ``event``, cuStreamWaitEvent."""
+        """Make future work on this stream wait for ``event``, cuStreamWaitEvent.
+
+        Inside a graph capture, an event made with ``external=True`` becomes
+        an event wait node (CU_EVENT_WAIT_EXTERNAL): each replay waits for
+        the event's latest record, by another graph or stream; otherwise a
+        wait inside a capture only orders the capture's streams."""
         cdef Event e = _event_arg(event, "wait_event", "event")
+        cdef unsigned int flags = 0
+        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+        if e._external:
+            with nogil:
+                ensure_context(self._device)
+                check(cydriver.cuStreamIsCapturing(self._handle, &status))
+            if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+                refuse_in_conditional_body(self._handle, "wait_event")
+                e._create_on(self._device)      # a wait node needs the event, recorded yet or not
+                flags = cydriver.CU_EVENT_WAIT_EXTERNAL
         if e._handle == NULL:
             return   # never recorded: nothing to wait for, as in PyTorch
         with nogil:
             ensure_context(self._device)
-            check(cydriver.cuStreamWaitEvent(self._handle, e._handle, 0))
+            check(cydriver.cuStreamWaitEvent(self._handle, e._handle, flags))
 
     def wait_stream(self, stream):
         """Make future work on this stream wait for all work queued on ``stream`` so far.
@@ -322,7 +401,11 @@ cdef class Event:
     external : bool
         Recorded inside a graph capture, the record becomes a node of the graph
         (CU_EVENT_RECORD_EXTERNAL) that runs at every replay, so events can time
-        work inside a graph. Otherwise a record inside a capture only orders streams.
+        work inside a graph; waited for inside a capture, the wait becomes a
+        node too (CU_EVENT_WAIT_EXTERNAL), so one graph can wait for another's
+        record at replay time. Otherwise a record or wait inside a capture
+        only orders the capture's streams. Neither node is allowed inside a
+        conditional body (RuntimeError at capture time).
     """
 
     def __cinit__(self):
@@ -346,7 +429,8 @@ cdef class Event:
                 pass
             self._handle = NULL
 
-    cdef int _record_on(self, cydriver.CUstream stream, int device) except -1:
+    cdef int _create_on(self, int device) except -1:
+        """Create the driver's event on ``device`` unless it exists (on ``device``)."""
         if self._handle == NULL:
             with nogil:
                 ensure_context(device)
@@ -355,15 +439,22 @@ cdef class Event:
             count_live(LIVE_EVENTS, 1)
         elif self._device != device:
             raise ValueError(
-                f"event was created on cuda:{self._device} and cannot be recorded on a stream of cuda:{device}")
+                f"event was created on cuda:{self._device} and cannot be used on a stream of cuda:{device}")
+        return 0
+
+    cdef int _record_on(self, cydriver.CUstream stream, int device) except -1:
+        self._create_on(device)
         cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
         cdef unsigned int flags = 0
+        if self._external:
+            with nogil:
+                ensure_context(device)
+                check(cydriver.cuStreamIsCapturing(stream, &status))
+            if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+                refuse_in_conditional_body(stream, "Event.record")
+                flags = cydriver.CU_EVENT_RECORD_EXTERNAL
         with nogil:
             ensure_context(device)
-            if self._external:
-                check(cydriver.cuStreamIsCapturing(stream, &status))
-                if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-                    flags = cydriver.CU_EVENT_RECORD_EXTERNAL
             check(cydriver.cuEventRecordWithFlags(self._handle, stream, flags))
         return 0
 

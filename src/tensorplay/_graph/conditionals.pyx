@@ -22,7 +22,7 @@ from tensorplay._tensor.base cimport TensorBase
 import threading
 
 from tensorplay._memory.api import allocator as _allocator
-from tensorplay._driver.stream import set_stream
+from tensorplay._driver.stream import set_conditional_body_test, set_stream
 
 KIND_NAMES = ("if", "while", "switch")     # by kind; messages write them in capitals
 # The driver documents no upper bound for a SWITCH's size; this is ours (see
@@ -44,6 +44,19 @@ cdef str body_label(int kind, Py_ssize_t b):
     if kind == WHILE_NODE:
         return "body"
     return f"case {b}"
+
+
+# The side streams capturing a conditional body now, by handle: which body
+# (the driver floor asks, to refuse host functions and event nodes there).
+cdef dict _body_streams = {}
+
+
+def _body_of(uintptr_t stream):
+    """Which conditional body ``stream`` captures ("the body of a WHILE node"), or None."""
+    return _body_streams.get(stream)
+
+
+set_conditional_body_test(_body_of)
 
 
 cdef str _upper(int kind):
@@ -113,6 +126,7 @@ cdef class Conditionals:
         while self._stack:
             frame = self._stack.pop()
             if frame.body is not None:
+                _body_streams.pop(<uintptr_t>frame.body._handle, None)
                 discard_capture(frame.body._handle, False)
                 release_capture_side_stream(frame.body)
                 frame.body = None
@@ -304,6 +318,9 @@ cdef class Conditionals:
         frame.body = child
         frame.branch = k
         frame.next_branch = k + 1
+        _body_streams[<uintptr_t>child._handle] = (
+            f"the {body_label(frame.kind, k)}{' branch' if frame.kind == IF_NODE else ''} of "
+            f"{'an' if frame.kind == IF_NODE else 'a'} {_upper(frame.kind)} node")
         set_stream(child)
         if self.foreign is not None:
             self.foreign.follow(child)      # other libraries' work goes into the body too
@@ -319,6 +336,7 @@ cdef class Conditionals:
             self._launch_set_conditional(frame, frame.pred, body._handle)
         with nogil:
             r = cydriver.cuStreamEndCapture(body._handle, &g)     # g is the node's body: not ours
+        _body_streams.pop(<uintptr_t>body._handle, None)
         frame.body = None
         frame.branch = -1
         _allocator(self._device).end_body(self._state)

@@ -43,6 +43,7 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
     cdef cydriver.CUDA_MEMCPY3D cp
     cdef cydriver.CUDA_MEM_ALLOC_NODE_PARAMS ap
     cdef cydriver.CUevent ev
+    cdef cydriver.CUgraph child = NULL
     cdef const char* cname = NULL
     check(cydriver.cuGraphGetNodes(g, NULL, &n))
     nodes.resize(n if n else 1)
@@ -92,6 +93,12 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
         elif t == cydriver.CU_GRAPH_NODE_TYPE_MEM_ALLOC and detailed:
             if cydriver.cuGraphMemAllocNodeGetParams(node, &ap) == cydriver.CUDA_SUCCESS:
                 attrs["bytes"] = ap.bytesize
+        elif t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+            # an embedded graph (a replay inside the capture): its own description
+            check(cydriver.cuGraphChildGraphNodeGetGraph(node, &child))
+            desc = describe_graph(child, detailed, conditionals)
+            desc["label"] = "child graph"
+            d["bodies"] = [desc]
         elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
             info = conditionals.get(<uintptr_t>node)
             if info is not None:

@@ -12,6 +12,7 @@ cdef class OpenCapture:
     cdef readonly str site
 
 
+cdef bint captures_open() noexcept
 cdef str call_site()
 cdef OpenCapture forbidding()
 cdef OpenCapture register_open(object graph, int device, uintptr_t stream, int mode, unsigned long thread_id,

@@ -30,6 +30,12 @@ cdef class OpenCapture:
 cdef dict _open_captures = {}        # id(graph) -> OpenCapture
 
 
+cdef bint captures_open() noexcept:
+    """Whether any tensorplay capture is open in the process (a replay asks
+    before it looks whether its stream captures)."""
+    return len(_open_captures) != 0
+
+
 def describe_open_captures():
     """Return one sentence per open capture, or '' when none is open (CudaError messages carry it;
     tensorplay/__init__.py gives the driver floor this function)."""

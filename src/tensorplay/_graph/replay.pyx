@@ -14,7 +14,9 @@ from libc.string cimport memset
 
 from tensorplay._driver.context cimport LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensure_context
 from tensorplay._driver.stream cimport Stream, as_stream, current_stream_handle
+from tensorplay._graph.children cimport embed_if_capturing
 from tensorplay._graph.describe cimport describe_graph
+from tensorplay._graph.registry cimport captures_open
 from tensorplay._graph.rebind cimport Rebinder, make_rebinder
 from tensorplay._graph.stager cimport Stager, check_stage_arguments, make_stager
 
@@ -148,6 +150,14 @@ cdef class ReplayBase:
         graph to run. Graphs sharing a memory pool must replay in the order
         they were captured.
 
+        Called while ``stream`` (default: the current stream) is capturing
+        into another CUDAGraph, conditional bodies included, the graph is
+        not launched but embedded there as a child graph node: the outer
+        graph runs it at each of its replays, and keeps its memory (pool and
+        the tensors it uses) alive, whatever becomes of this graph. A graph
+        with conditional nodes cannot be embedded (the driver's rule), nor
+        one captured into the pool the outer capture allocates from.
+
         Parameters
         ----------
         stream : Stream or stream-like, optional
@@ -168,6 +178,10 @@ cdef class ReplayBase:
                 raise ValueError(f"replay: the graph belongs to cuda:{self._device}, "
                                  f"the stream to cuda:{so._device}")
             s = so._handle
+        if captures_open() and embed_if_capturing(self._device, s, self._cur.graph, self._cur.pool_id,
+                                                  self._cur.kept, self._cur.foreign_holds,
+                                                  len(self._cur.conditionals) != 0):
+            return
         if <uintptr_t>s != self._last_replay_stream:
             self._note_replay_stream(<uintptr_t>s)
         if self._rebinder is not None and self._rebinder.rebound:

@@ -1,0 +1,3 @@
+# SPDX-License-Identifier: Apache-2.0
+class ChildHold:
+    def record_stream(self, stream_handle: int) -> None: ...

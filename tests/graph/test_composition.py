@@ -1,0 +1,291 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Composition on the GPU: a captured graph replayed inside another capture
+becomes a child graph node (in WHILE bodies, in two parents, nested), keeps
+its memory alive after the user drops it, and refuses what the driver would;
+host functions, eagerly and as host nodes; event nodes ordering two graphs
+on two streams."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import tensorplay as tp
+from helpers import slow_writer, warm
+from tensorplay.cuda import CUDAGraph
+
+pytestmark = pytest.mark.cuda
+
+N = 1 << 20          # 4 MiB of float32
+
+
+def _step_graph(x, scale=2.0):
+    """A graph of ``x = x * scale + 1`` through a temporary of its own pool."""
+    warm(lambda: x.copy_(x * scale + 1.0))
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        x.copy_(x * scale + 1.0)
+    return g
+
+
+def _while_graph(child, iterations, extra=None):
+    """A graph replaying ``child`` ``iterations`` times in a WHILE node."""
+    c = tp.zeros(1, dtype=tp.int32, device="cuda")
+    lim = tp.full((1,), iterations, dtype=tp.int32, device="cuda")
+    p = tp.zeros(1, dtype=tp.bool, device="cuda")
+    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        c.zero_()
+        tp.lt(c, lim, out=p)
+        with g.while_(p):
+            child.replay()
+            if extra is not None:
+                extra()
+            c.add_(1)
+            tp.lt(c, lim, out=p)
+    return g, c
+
+
+def _expected(start, steps, scale=2.0):
+    v = np.float32(start)
+    for _ in range(steps):
+        v = v * np.float32(scale) + np.float32(1.0)
+    return v
+
+
+def test_a_child_in_a_while_body_runs_each_iteration():
+    x = tp.zeros(N, device="cuda")
+    child = _step_graph(x)
+    parent, c = _while_graph(child, 5)
+    x.zero_()
+    parent.replay()
+    assert np.unique(x.numpy()).tolist() == [_expected(0, 5)]
+    assert c.item() == 5
+    parent.replay()
+    assert np.unique(x.numpy()).tolist() == [_expected(_expected(0, 5), 5)]
+
+
+def test_the_same_child_in_two_parents_and_a_child_of_a_child():
+    x = tp.zeros(N, device="cuda")
+    child = _step_graph(x)
+    p1, _ = _while_graph(child, 3)
+    p2 = CUDAGraph()
+    with tp.cuda.graph(p2):
+        child.replay()
+        x.add_(10.0)
+        child.replay()
+    grand = CUDAGraph()
+    with tp.cuda.graph(grand):
+        p2.replay()
+        p2.replay()
+    x.zero_()
+    p1.replay()
+    assert np.unique(x.numpy()).tolist() == [_expected(0, 3)]
+    x.zero_()
+    p2.replay()
+    want = _expected(_expected(0, 1) + 10.0, 1)
+    assert np.unique(x.numpy()).tolist() == [want]
+    x.zero_()
+    grand.replay()
+    assert np.unique(x.numpy()).tolist() == [_expected(_expected(want, 1) + 10.0, 1)]
+    desc = grand.describe()
+    graphs = [n for n in desc["nodes"] if n["kind"] == "graph"]
+    assert len(graphs) == 2 and graphs[0]["bodies"][0]["label"] == "child graph"
+    inner = graphs[0]["bodies"][0]
+    assert [n["kind"] for n in inner["nodes"]].count("graph") == 2
+    dot = tp.cuda.to_dot(desc)
+    assert dot.count('label="child graph"') == 6      # 2 children, each with 2 of their own
+
+
+def test_the_parent_keeps_the_childs_memory_after_the_child_is_dropped():
+    x = tp.zeros(N, device="cuda")
+    child = _step_graph(x)
+    parent, _ = _while_graph(child, 2)
+    del child
+    gc.collect()
+    before = tp.cuda.memory_allocated()
+    for _ in range(3):
+        x.zero_()
+        parent.replay()
+        assert np.unique(x.numpy()).tolist() == [_expected(0, 2)]
+    assert tp.cuda.memory_allocated() == before
+    reserved = tp.cuda.memory_reserved()
+    parent.reset()
+    gc.collect()
+    tp.cuda.synchronize()
+    tp.cuda.empty_cache()
+    assert tp.cuda.memory_reserved() < reserved          # the child's pool went with the parent
+
+
+def test_refusals_leave_the_capture_usable():
+    x = tp.zeros(N, device="cuda")
+    looped, _ = _while_graph(_step_graph(x), 2)
+    shared_pool = tp.cuda.graph_pool_handle()
+    same_pool = CUDAGraph()
+    warm(lambda: x.add_(1.0))
+    with tp.cuda.graph(same_pool, pool=shared_pool):
+        x.add_(1.0)
+    g = CUDAGraph()
+    with tp.cuda.graph(g, pool=shared_pool):
+        with pytest.raises(RuntimeError, match="conditional nodes"):
+            looped.replay()
+        with pytest.raises(RuntimeError, match="memory pool"):
+            same_pool.replay()
+        x.add_(2.0)                          # the capture goes on
+    x.zero_()
+    g.replay()
+    assert np.unique(x.numpy()).tolist() == [2.0]
+
+
+def test_rebind_and_stage_reach_a_childs_tensors_by_copying():
+    static = tp.zeros(N, device="cuda")
+    out = tp.zeros(N, device="cuda")
+    warm(lambda: tp.add(static, 1.0, out=out))
+    child = CUDAGraph()
+    with tp.cuda.graph(child):
+        tp.add(static, 1.0, out=out)
+    parent = CUDAGraph()
+    with tp.cuda.graph(parent):
+        child.replay()
+    assert parent.rebindable([static], [out]) == [False, False]    # copied: they sit inside the child
+    for v in (3.0, 4.0):
+        inp = tp.full((N,), v, device="cuda")
+        result = tp.zeros(N, device="cuda")
+        parent.rebind_and_launch([static], [inp], [out], [result])
+        assert np.unique(result.numpy()).tolist() == [v + 1.0]
+        parent.stage_and_launch([static], [inp + 1.0])
+        assert np.unique(out.numpy()).tolist() == [v + 2.0]
+
+
+def test_host_functions_run_once_per_call_and_per_replay_in_order():
+    seen = []
+    x = tp.zeros(4, device="cuda")
+    for k in range(3):
+        x.add_(1.0)
+        tp.cuda.launch_host_func(lambda k=k: seen.append(("eager", k)))
+    tp.cuda.synchronize()
+    assert seen == [("eager", 0), ("eager", 1), ("eager", 2)]
+    seen.clear()
+    g = CUDAGraph()
+    warm(lambda: x.add_(1.0))
+    with tp.cuda.graph(g):
+        x.add_(1.0)
+        tp.cuda.launch_host_func(lambda: seen.append("a"))
+        x.add_(1.0)
+        tp.cuda.launch_host_func(lambda: seen.append("b"))
+    assert seen == []                          # capturing runs nothing
+    for _ in range(3):
+        g.replay()
+    tp.cuda.synchronize()
+    assert seen == ["a", "b"] * 3
+    assert g.describe()["nodes"][1]["kind"] == "host"
+
+
+def test_a_host_function_reads_a_while_loops_progress_from_pinned_memory():
+    """The use case: a WHILE loop counts its iterations on the device; a copy
+    to pinned memory and a host function after the loop report it."""
+    c = tp.zeros(1, dtype=tp.int32, device="cuda")
+    lim = tp.zeros(1, dtype=tp.int32, device="cuda")
+    p = tp.zeros(1, dtype=tp.bool, device="cuda")
+    progress = tp.zeros(1, dtype=tp.int32).pin_memory()
+    reports = []
+    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        c.zero_()
+        tp.lt(c, lim, out=p)
+        with g.while_(p):
+            c.add_(1)
+            tp.lt(c, lim, out=p)
+        progress.copy_(c)
+        tp.cuda.launch_host_func(lambda: reports.append(int(progress.numpy()[0])))
+    for n in (3, 7, 1):
+        lim.fill_(n)
+        g.replay()
+    tp.cuda.synchronize()
+    assert reports == [3, 7, 1]
+
+
+def test_host_function_exceptions_surface_at_the_next_synchronize():
+    def boom():
+        raise ValueError("from the host function")
+    tp.cuda.launch_host_func(boom)
+    with pytest.raises(tp.cuda.HostFunctionError, match="ValueError: from the host function") as info:
+        tp.cuda.synchronize()
+    assert isinstance(info.value.__cause__, ValueError)
+    tp.cuda.synchronize()                      # raised once
+    s = tp.cuda.Stream()
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        tp.cuda.launch_host_func(boom)
+    g.replay(s)
+    g.replay(s)
+    with pytest.raises(tp.cuda.HostFunctionError, match="1 more raised after it"):
+        s.synchronize()
+
+
+def test_host_functions_and_event_nodes_are_refused_in_conditional_bodies():
+    x = tp.zeros(4, device="cuda")
+    yes = tp.ones(1, dtype=tp.bool, device="cuda")
+    ev = tp.cuda.Event(external=True)
+    warm(lambda: x.add_(1.0))
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        with g.if_(yes):
+            with pytest.raises(RuntimeError, match="the then branch of an IF node"):
+                tp.cuda.launch_host_func(lambda: None)
+            with pytest.raises(RuntimeError, match="conditional bodies"):
+                ev.record()
+            with pytest.raises(RuntimeError, match="conditional bodies"):
+                tp.cuda.current_stream().wait_event(ev)
+            x.add_(1.0)                        # the capture goes on
+    x.zero_()
+    g.replay()
+    assert x.numpy().tolist() == [1.0] * 4
+
+
+def test_event_nodes_order_two_graphs_on_two_streams():
+    slow_write = slow_writer()
+    y = tp.zeros(N, device="cuda")
+    z = tp.zeros(N, device="cuda")
+    ev = tp.cuda.Event(external=True)
+    warm(lambda: (slow_write(y, 1.0), tp.add(y, 1.0, out=z)))
+    producer, consumer = CUDAGraph(), CUDAGraph()
+    with tp.cuda.graph(producer):
+        y.fill_(-5.0)
+        slow_write(y, 3.0)
+        ev.record()
+    with tp.cuda.graph(consumer):
+        tp.cuda.current_stream().wait_event(ev)
+        tp.add(y, 1.0, out=z)
+    kinds = [n["kind"] for n in producer.describe()["nodes"]] + [n["kind"] for n in consumer.describe()["nodes"]]
+    assert "event_record" in kinds and "wait_event" in kinds
+    s1, s2 = tp.cuda.Stream(), tp.cuda.Stream()
+    for _ in range(3):
+        z.zero_()
+        tp.cuda.synchronize()
+        producer.replay(s1)
+        consumer.replay(s2)
+        tp.cuda.synchronize()
+        assert np.unique(z.numpy()).tolist() == [4.0]
+
+
+def test_embedded_replay_time_against_the_same_work_flat():
+    """Not a timing test: the flat graph and the nested one compute the same."""
+    x = tp.zeros(N, device="cuda")
+    child = _step_graph(x)
+    nested = CUDAGraph()
+    with tp.cuda.graph(nested):
+        for _ in range(4):
+            child.replay()
+    flat = CUDAGraph()
+    with tp.cuda.graph(flat):
+        for _ in range(4):
+            x.copy_(x * 2.0 + 1.0)
+    x.zero_()
+    nested.replay()
+    a = x.numpy().copy()
+    x.zero_()
+    flat.replay()
+    assert np.array_equal(a, x.numpy())
