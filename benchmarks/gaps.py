@@ -26,6 +26,9 @@ Cases:
   add and the compare that sets the predicate), and of 200 iterations of a
   20-op body (18 more elementwise ops on 4 KiB), against the same bodies
   unrolled in one graph; GPU us per iteration.
+- ``nested``: a graph of 10 child graph nodes, each a captured step of 10
+  elementwise ops on 4 KiB (``step.replay()`` inside the outer capture),
+  against the same 100 ops captured flat.
 
 GPU time: CUDA events around back-to-back replays queued behind a spin
 kernel (so the GPU never waits on the host), median over rounds that
@@ -288,6 +291,21 @@ def while_case(clocks, rounds, n=1000, extra_ops=0):
                     note=f"{w / u:.2f}x; the node's own cost {(w - u) / n:.2f} us an iteration")
 
 
+def nested_case(clocks, rounds, children=10, ops=10):
+    """A graph of ``children`` child graph nodes (one step of ``ops``
+    elementwise ops on 4 KiB, captured once and replayed inside the outer
+    capture) against the same work captured flat; GPU us a replay."""
+    x = tp.ones(1024, device="cuda")
+    step = tp_graph(lambda: chain_ops(x, ops), True)
+
+    def nested():
+        for _ in range(children):
+            step.replay()
+    contenders = [("flat graph (PDL on)", tp_graph(lambda: chain_ops(x, children * ops), True).replay, "tensorplay")]
+    guard(contenders, "graph of child graph nodes (PDL on)", "tensorplay", lambda: tp_graph(nested, True).replay)
+    measure("nested", f"{children} children of {ops} ops, 4 KiB", contenders, clocks, rounds, per=children * ops)
+
+
 # ---------------------------------------------------------------- floors (Nsight Compute)
 
 MARKER = 'extern "C" __global__ void gaps_marker_{k}() {{}}'
@@ -349,7 +367,7 @@ def print_table():
         print(f"{r['section']:<11} {r['case']:<30} {r['library']:<52} {gpu:>10} {per:>8}  {note}")
 
 
-SECTIONS = ("tiny", "chains", "quickstart", "mlp", "while")
+SECTIONS = ("tiny", "chains", "quickstart", "mlp", "while", "nested")
 
 
 def run(sections, quick, torch):
@@ -366,6 +384,8 @@ def run(sections, quick, torch):
     if "while" in sections:
         while_case(clocks, rounds)
         while_case(clocks, rounds, n=200, extra_ops=18)
+    if "nested" in sections:
+        nested_case(clocks, rounds)
 
 
 def main():
