@@ -28,8 +28,10 @@ def _step_graph(x, scale=2.0):
     return g
 
 
-def _while_graph(child, iterations, extra=None):
-    """A graph replaying ``child`` ``iterations`` times in a WHILE node."""
+def _counted_loop(body, iterations, after=None):
+    """(graph, counter, limit): a graph running ``body()`` in a WHILE node
+    while the counter is below the limit (a device int32, first
+    ``iterations``), then ``after(counter)``."""
     c = tp.zeros(1, dtype=tp.int32, device="cuda")
     lim = tp.full((1,), iterations, dtype=tp.int32, device="cuda")
     p = tp.zeros(1, dtype=tp.bool, device="cuda")
@@ -39,12 +41,12 @@ def _while_graph(child, iterations, extra=None):
         c.zero_()
         tp.lt(c, lim, out=p)
         with g.while_(p):
-            child.replay()
-            if extra is not None:
-                extra()
+            body()
             c.add_(1)
             tp.lt(c, lim, out=p)
-    return g, c
+        if after is not None:
+            after(c)
+    return g, c, lim
 
 
 def _expected(start, steps, scale=2.0):
@@ -57,7 +59,7 @@ def _expected(start, steps, scale=2.0):
 def test_a_child_in_a_while_body_runs_each_iteration():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
-    parent, c = _while_graph(child, 5)
+    parent, c, _ = _counted_loop(child.replay, 5)
     x.zero_()
     parent.replay()
     assert np.unique(x.numpy()).tolist() == [_expected(0, 5)]
@@ -69,7 +71,7 @@ def test_a_child_in_a_while_body_runs_each_iteration():
 def test_the_same_child_in_two_parents_and_a_child_of_a_child():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
-    p1, _ = _while_graph(child, 3)
+    p1, _, _ = _counted_loop(child.replay, 3)
     p2 = CUDAGraph()
     with tp.cuda.graph(p2):
         child.replay()
@@ -101,7 +103,7 @@ def test_the_same_child_in_two_parents_and_a_child_of_a_child():
 def test_the_parent_keeps_the_childs_memory_after_the_child_is_dropped():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
-    parent, _ = _while_graph(child, 2)
+    parent, _, _ = _counted_loop(child.replay, 2)
     del child
     gc.collect()
     before = tp.cuda.memory_allocated()
@@ -120,7 +122,7 @@ def test_the_parent_keeps_the_childs_memory_after_the_child_is_dropped():
 
 def test_refusals_leave_the_capture_usable():
     x = tp.zeros(N, device="cuda")
-    looped, _ = _while_graph(_step_graph(x), 2)
+    looped, _, _ = _counted_loop(_step_graph(x).replay, 2)
     shared_pool = tp.cuda.graph_pool_handle()
     same_pool = CUDAGraph()
     warm(lambda: x.add_(1.0))
@@ -185,21 +187,13 @@ def test_host_functions_run_once_per_call_and_per_replay_in_order():
 def test_a_host_function_reads_a_while_loops_progress_from_pinned_memory():
     """The use case: a WHILE loop counts its iterations on the device; a copy
     to pinned memory and a host function after the loop report it."""
-    c = tp.zeros(1, dtype=tp.int32, device="cuda")
-    lim = tp.zeros(1, dtype=tp.int32, device="cuda")
-    p = tp.zeros(1, dtype=tp.bool, device="cuda")
     progress = tp.zeros(1, dtype=tp.int32).pin_memory()
     reports = []
-    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
-    g = CUDAGraph()
-    with tp.cuda.graph(g):
-        c.zero_()
-        tp.lt(c, lim, out=p)
-        with g.while_(p):
-            c.add_(1)
-            tp.lt(c, lim, out=p)
-        progress.copy_(c)
+
+    def report(counter):
+        progress.copy_(counter)                # device to pinned memory, in stream order
         tp.cuda.launch_host_func(lambda: reports.append(int(progress.numpy()[0])))
+    g, _, lim = _counted_loop(lambda: None, 0, after=report)
     for n in (3, 7, 1):
         lim.fill_(n)
         g.replay()

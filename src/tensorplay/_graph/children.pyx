@@ -10,6 +10,7 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 
 from tensorplay._driver.context cimport check, ensure_context
+from tensorplay._graph.streams cimport add_to_capture
 from tensorplay._memory.allocator cimport DeviceAllocator, get_allocator
 from tensorplay._memory.pool cimport CaptureState
 
@@ -50,18 +51,13 @@ cdef bint embed_if_capturing(int device, cydriver.CUstream stream, cydriver.CUgr
     caller launches)."""
     cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
     cdef cydriver.cuuint64_t cid = 0
-    cdef cydriver.CUgraph g = NULL
-    cdef const cydriver.CUgraphNode* deps = NULL
-    cdef const cydriver.CUgraphEdgeData* edges = NULL
-    cdef size_t ndeps = 0
     cdef cydriver.CUgraphNodeParams params
-    cdef cydriver.CUgraphNode node = NULL
     cdef DeviceAllocator alloc
     cdef CaptureState st
     cdef ChildHold hold
     with nogil:
         ensure_context(device)
-        check(cydriver.cuStreamGetCaptureInfo(stream, &status, &cid, &g, &deps, &edges, &ndeps))
+        check(cydriver.cuStreamGetCaptureInfo(stream, &status, &cid, NULL, NULL, NULL, NULL))
     if status != cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
         return False
     alloc = get_allocator(device)
@@ -89,9 +85,6 @@ cdef bint embed_if_capturing(int device, cydriver.CUstream stream, cydriver.CUgr
     params.type = cydriver.CU_GRAPH_NODE_TYPE_GRAPH
     params.graph.graph = child
     params.graph.ownership = cydriver.CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE
-    with nogil:
-        check(cydriver.cuGraphAddNode(&node, g, deps, edges, ndeps, &params))
-        check(cydriver.cuStreamUpdateCaptureDependencies(
-            stream, &node, NULL, 1, cydriver.CU_STREAM_SET_CAPTURE_DEPENDENCIES))
+    add_to_capture(stream, &params)
     st.keepalive[id(hold)] = hold
     return True

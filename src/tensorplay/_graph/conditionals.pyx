@@ -16,7 +16,8 @@ from libc.string cimport memset
 from tensorplay._driver.context cimport check, primary_context
 from tensorplay._driver.launch cimport Function
 from tensorplay._driver.stream cimport Stream, current_stream_handle
-from tensorplay._graph.streams cimport capture_side_stream, discard_capture, release_capture_side_stream
+from tensorplay._graph.streams cimport (add_to_capture, capture_side_stream, discard_capture,
+                                        release_capture_side_stream)
 from tensorplay._tensor.base cimport TensorBase
 
 import threading
@@ -251,12 +252,6 @@ cdef class Conditionals:
     cdef int _add_node(self, cydriver.CUgraphConditionalHandle handle, int kind, uintptr_t pred, object pred_owner,
                        unsigned int num_bodies, bint open_first, str index_dtype, Stream cur,
                        cydriver.CUcontext ctx) except -1:
-        cdef cydriver.CUstreamCaptureStatus status
-        cdef cydriver.cuuint64_t cid = 0
-        cdef cydriver.CUgraph g = NULL
-        cdef const cydriver.CUgraphNode* deps = NULL
-        cdef const cydriver.CUgraphEdgeData* edges = NULL
-        cdef size_t ndeps = 0
         cdef cydriver.CUgraphNodeParams params
         cdef cydriver.CUgraphNode node = NULL
         cdef ConditionalFrame frame
@@ -271,8 +266,6 @@ cdef class Conditionals:
         frame.branch = -1
         frame.next_branch = 0
         self._launch_set_conditional(frame, pred, cur._handle)
-        with nogil:
-            check(cydriver.cuStreamGetCaptureInfo(cur._handle, &status, &cid, &g, &deps, &edges, &ndeps))
         memset(&params, 0, sizeof(params))
         params.type = cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL
         params.conditional.handle = handle
@@ -281,10 +274,7 @@ cdef class Conditionals:
                                    else cydriver.CU_GRAPH_COND_TYPE_SWITCH)
         params.conditional.size = num_bodies
         params.conditional.ctx = ctx
-        with nogil:
-            check(cydriver.cuGraphAddNode(&node, g, deps, edges, ndeps, &params))
-            check(cydriver.cuStreamUpdateCaptureDependencies(
-                cur._handle, &node, NULL, 1, cydriver.CU_STREAM_SET_CAPTURE_DEPENDENCIES))
+        node = add_to_capture(cur._handle, &params)
         for k in range(num_bodies):
             frame.bodies[k] = <uintptr_t>params.conditional.phGraph_out[k]
         frame.node = <uintptr_t>node

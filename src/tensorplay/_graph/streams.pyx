@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The streams captures run on: the capture modes, the per-device side
 streams a capture (and each conditional body) is captured on, the warm-up
-stream of graphed callables, and ending a stream's capture."""
+stream of graphed callables, adding a node to a stream's capture, and
+ending a stream's capture."""
 
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
@@ -90,3 +91,22 @@ def is_stream_capturing(uintptr_t stream, int device):
         ensure_context(device)
         check(cydriver.cuStreamIsCapturing(<cydriver.CUstream>stream, &status))
     return status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+
+cdef cydriver.CUgraphNode add_to_capture(cydriver.CUstream stream, cydriver.CUgraphNodeParams* params) except NULL:
+    """Add a node of ``params`` to ``stream``'s capture after what the stream
+    captured last (cuGraphAddNode with the capture's dependencies), and make
+    the next captured work follow it (cuStreamUpdateCaptureDependencies)."""
+    cdef cydriver.CUstreamCaptureStatus status
+    cdef cydriver.cuuint64_t cid = 0
+    cdef cydriver.CUgraph g = NULL
+    cdef const cydriver.CUgraphNode* deps = NULL
+    cdef const cydriver.CUgraphEdgeData* edges = NULL
+    cdef size_t ndeps = 0
+    cdef cydriver.CUgraphNode node = NULL
+    with nogil:
+        check(cydriver.cuStreamGetCaptureInfo(stream, &status, &cid, &g, &deps, &edges, &ndeps))
+        check(cydriver.cuGraphAddNode(&node, g, deps, edges, ndeps, params))
+        check(cydriver.cuStreamUpdateCaptureDependencies(
+            stream, &node, NULL, 1, cydriver.CU_STREAM_SET_CAPTURE_DEPENDENCIES))
+    return node
