@@ -22,13 +22,13 @@ from tensorplay._device import device as _device_cls
 from tensorplay._tensor.dlpack import DLPACK_DEVICE_CPU, DLPACK_DEVICE_CUDA, to_capsule as _dlpack_capsule
 from tensorplay._kernels import cache as _kernels
 from tensorplay._driver.memcpy import host_reads_blocked, memcpy_dtod_async, memset_d8_async, refuse_in_capture
-from tensorplay._driver.pinned import copy_to_device, empty_pinned, pinned_memory_of
+from tensorplay._driver.pinned import copy_to_device, copy_to_host, empty_pinned, pinned_memory_of
 from tensorplay._driver.stream import Event, ExternalStream, current_stream, current_stream_handle_of
 from tensorplay._tensor.args import (broadcast_strides, byte_span, cast_array, cast_into, check_value,
                                      contiguous_strides, normalize_dim, numpy_data, overlaps, resolve_device)
 from tensorplay._tensor.base import TensorBase
 from tensorplay._tensor.transfer import (download, foreign_converter, peer_copy, refuse_host_array_in_capture,
-                                         refuse_large_upload_in_capture, upload)
+                                         refuse_large_upload_in_capture, run_device_error_checks, upload)
 
 __all__ = ["Tensor", "new_cpu", "new_cuda", "empty_cuda", "empty_host", "view_of", "as_source", "is_literal",
            "copy_into", "host_to_cuda", "rebuild_tensor"]
@@ -127,6 +127,11 @@ def copy_into(dst, src, non_blocking=False, literal=None):
     if src.shape != shape:
         broadcast_strides(src, shape)   # ValueError if src cannot broadcast to dst
     if dst.is_cpu:
+        if not src.is_cpu and dst.is_contiguous():
+            mem = pinned_memory_of(dst._array)
+            if mem is not None:
+                _to_pinned(dst, src, mem, non_blocking)
+                return dst
         cast_into(dst._array, src._array if src.is_cpu else download(src))
         return dst
     dev = dst._device_index
@@ -194,6 +199,28 @@ def _from_pinned(dst, src, mem, non_blocking):
     if copy_to_device(mem, target, first, nbytes, dev, stream, not non_blocking):
         note_capture_use(mem)
     return out
+
+
+def _to_pinned(dst, src, mem, non_blocking):
+    """Copy CUDA ``src`` into contiguous CPU ``dst`` on pinned memory ``mem``
+    with cuMemcpyDtoHAsync on src's current stream, after casting and
+    broadcasting on the device when the dtypes or layouts differ.
+
+    Inside a capture the copy becomes a graph node that writes the host
+    buffer at every replay (a host function queued after it may read it),
+    and the graph keeps ``mem`` alive. Outside one, ``non_blocking`` returns
+    at once (read ``dst`` after waiting for the stream), otherwise the
+    stream is waited for and device errors are raised."""
+    dev = src._device_index
+    if dst.numel() == 0:
+        return
+    if not (src.shape == dst.shape and src.dtype is dst.dtype and src.is_contiguous()):
+        src = copy_into(empty_cuda(dst.shape, dst.dtype, dev), src)
+    if copy_to_host(mem, dst.data_ptr(), src.data_ptr(), dst.nbytes, dev, current_stream_handle_of(dev),
+                    not non_blocking):
+        note_capture_use(mem)
+    elif not non_blocking:
+        run_device_error_checks(dev)
 
 
 def host_to_cuda(t, dev, literal, dtype=None):
@@ -417,7 +444,9 @@ class Tensor(TensorBase):
         ``non_blocking=True`` (:meth:`to`, :meth:`copy_`), and inside a CUDA
         graph capture they become copies that read the host memory again at
         every replay: change the pinned tensor's values between replays and
-        each replay sees the new ones. The memory is page-locked with
+        each replay sees the new ones. Copies from CUDA into a pinned tensor
+        (``pinned.copy_(cuda_tensor)``) likewise write it at every replay.
+        The memory is page-locked with
         cuMemHostAlloc (usable by every device) and freed when the last
         tensor over it is gone and the GPU work reading it has run; each
         call pins a new buffer (there is no cache of pinned buffers), so pin
@@ -565,7 +594,13 @@ class Tensor(TensorBase):
         non_blocking : bool, optional
             From pinned host memory to CUDA: return once the copy is
             queued (change the source only after waiting for the current
-            stream). Other copies behave the same either way.
+            stream). From CUDA into a CPU tensor in pinned memory: return
+            once the copy is queued on the source's current stream (read
+            ``self`` only after waiting for it). Other copies behave the
+            same either way. Inside a CUDA graph capture, copies between
+            pinned memory and CUDA become graph nodes that read or write
+            the pinned memory at every replay; other copies between the
+            host and CUDA are refused.
 
         Returns
         -------

@@ -117,12 +117,19 @@ def refuse_host_array_in_capture(dev):
 
 
 def download(src):
-    """A new host array with CUDA ``src``'s values (waits for the current stream)."""
+    """A new host array with CUDA ``src``'s values (waits for the current
+    stream). Refused inside a capture: the graph would write a buffer that
+    is gone by its replays, and the values are not there yet."""
+    dev = src._device_index
+    refuse_in_capture(dev, current_stream_handle_of(dev), (
+        "copying CUDA memory to pageable host memory (.numpy(), .item(), .tolist(), .cpu(), or copy_ into a "
+        "CPU tensor) cannot be captured in a CUDA graph: the values are not computed until a replay; copy "
+        "into a CPU tensor in pinned memory (pin_memory()) made before the capture, which every replay "
+        "writes, and read it after the replay (or in a host function queued after the copy)"))
     if not src.is_contiguous():
         src = src.contiguous()
     d = src.dtype
     out = np.empty(src.shape, dtype=d.numpy_dtype)
-    dev = src._device_index
     memcpy_dtoh(out.ctypes.data, src.data_ptr(), out.nbytes, dev, current_stream_handle_of(dev))
     run_device_error_checks(dev)
     return out

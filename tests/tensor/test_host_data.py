@@ -108,6 +108,8 @@ class FakeDevice:
         self.capturing = False
         self.pinned = []           # the root arrays the fake calls pinned
         self.pinned_copies = []    # (dst, src, nbytes, blocking) of cuMemcpyHtoDAsync from pinned memory
+        self.host_copies = []      # (dst, src, nbytes, blocking) of cuMemcpyDtoHAsync to pinned memory
+        self.error_checks = 0      # device error checks run after waiting for a copy to the host
         self.kept = []             # what a capture was asked to keep alive
         self._next = 0x7000_0000
 
@@ -133,6 +135,15 @@ class FakeDevice:
         assert stream == STREAM and mem is not None
         self.pinned_copies.append((dst, src, nbytes, blocking))
         return self.capturing
+
+    def copy_to_pinned(self, mem, dst, src, nbytes, dev, stream, blocking):
+        assert stream == STREAM and mem is not None
+        self.host_copies.append((dst, src, nbytes, blocking))
+        return self.capturing
+
+    def check_errors(self, dev):
+        assert dev == 0
+        self.error_checks += 1
 
     def allocate(self, nbytes, dev, stream):
         assert stream == STREAM
@@ -213,6 +224,8 @@ def fake(monkeypatch):
     for mod in (_tensor, _tensor_creation):
         monkeypatch.setattr(mod, "pinned_memory_of", dev.pinned_memory_of)
     monkeypatch.setattr(_tensor, "copy_to_device", dev.copy_pinned)
+    monkeypatch.setattr(_tensor, "copy_to_host", dev.copy_to_pinned)
+    monkeypatch.setattr(_tensor, "run_device_error_checks", dev.check_errors)
     monkeypatch.setattr(_tensor, "allocate", dev.allocate)
     monkeypatch.setattr(_tensor, "note_capture_use", dev.kept.append)
     monkeypatch.setattr(_indexing, "refuse_in_capture", dev.refuse)
@@ -671,6 +684,54 @@ def test_a_pinned_source_is_one_driver_copy_that_the_capture_keeps(fake):
                                   (y.data_ptr(), a.ctypes.data, 16, True), (z.data_ptr(), a.ctypes.data, 16, False)]
     assert fake.kept == [("pinned", id(a))] * 4  # the graph keeps the pinned memory alive
     assert fake.writes() == [] and fake.launches == [] and fake.capture_checks == 0
+
+
+def test_a_cuda_source_into_pinned_memory_is_one_driver_copy_that_the_capture_keeps(fake):
+    """The copy a graph can make toward the host: every replay writes the
+    pinned buffer (a host function queued after it may read it)."""
+    src = fake.empty((4,), tp.float32, 0)
+    a = np.zeros(4, np.float32)
+    p = fake.pin(a)
+    p.copy_(src)                                 # outside a capture: waits, then checks device errors
+    p.copy_(src, non_blocking=True)
+    assert fake.host_copies == [(a.ctypes.data, src.data_ptr(), 16, True),
+                                (a.ctypes.data, src.data_ptr(), 16, False)]
+    assert fake.error_checks == 1 and fake.kept == [] and fake.launches == []
+    fake.host_copies.clear()
+    fake.capturing = True
+    p.copy_(src)
+    assert fake.host_copies == [(a.ctypes.data, src.data_ptr(), 16, True)]
+    assert fake.kept == [("pinned", id(a))] and fake.error_checks == 1
+    assert fake.memcpys == [] and fake.pinned_copies == []
+
+
+@pytest.mark.parametrize("case", ["cast", "broadcast", "strided"])
+def test_a_cuda_source_of_another_layout_reaches_pinned_memory_through_a_temporary(fake, case):
+    """Cast, broadcast and laid out on the device first, then one copy of
+    the destination's bytes."""
+    a = np.zeros(8, np.float32)
+    p = fake.pin(a)
+    src = fake.empty((8,) if case != "broadcast" else (1,), tp.int32 if case == "cast" else tp.float32, 0)
+    if case == "strided":
+        src = fake.empty((16,), tp.float32, 0)[::2]
+    fake.capturing = True
+    p.copy_(src)
+    (dst, tmp, nbytes, blocking), = fake.host_copies
+    assert (dst, nbytes, blocking) == (a.ctypes.data, 32, True)
+    assert fake.allocs[-1] == (8,)
+    assert _copy_kernel_pointers(fake)[0] == tmp
+    assert fake.kept == [("pinned", id(a))]
+
+
+def test_cuda_values_into_pageable_memory_inside_a_capture_are_refused(fake):
+    src = fake.empty((4,), tp.float32, 0)
+    fake.capturing = True
+    for call in (lambda: tp.from_numpy(np.zeros(4, np.float32)).copy_(src), src.numpy, src.cpu, src[:1].item,
+                 src.tolist):
+        with pytest.raises(tp.cuda.CudaError, match="pinned memory") as info:
+            call()
+        assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+    assert fake.host_copies == [] and fake.kept == []
 
 
 def _copy_kernel_pointers(fake):

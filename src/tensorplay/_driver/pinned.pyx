@@ -1,18 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Page-locked (pinned) host memory: buffers from cuMemHostAlloc that NumPy
-arrays, and so CPU tensors, sit on, and copies from them to a device.
+arrays, and so CPU tensors, sit on, and copies between them and a device.
 
-A copy from pinned memory runs asynchronously (the DMA engine reads the
-buffer while the host goes on) and can be captured into a CUDA graph, where
-it reads the buffer again at every replay. Both need the buffer alive until
-the work that reads it has run, so a buffer remembers the streams of work
-that may still read it (``record_stream``, as the device allocator's blocks
-do). When its last user drops it, it is freed at once if none is recorded;
-otherwise an event is recorded on each of those streams and cuMemFreeHost
-runs once they have all completed. Freeing never happens while a tensorplay
-capture is open (cuMemFreeHost may synchronize, which would break it):
-such frees wait for the next pinned allocation or free after the captures
-end.
+A copy from or to pinned memory runs asynchronously (the DMA engine reads
+or writes the buffer while the host goes on) and can be captured into a
+CUDA graph, where it reads or writes the buffer again at every replay. Both
+need the buffer alive until the work that uses it has run, so a buffer
+remembers the streams of work that may still use it (``record_stream``, as
+the device allocator's blocks do). When its last user drops it, it is freed
+at once if none is recorded; otherwise an event is recorded on each of
+those streams and cuMemFreeHost runs once they have all completed. Freeing
+never happens while a tensorplay capture is open (cuMemFreeHost may
+synchronize, which would break it): such frees wait for the next pinned
+allocation or free after the captures end.
 
 Each buffer is its own cuMemHostAlloc and cuMemFreeHost, with no cache of
 freed buffers as PyTorch's CachingHostAllocator keeps: page-locking costs
@@ -283,15 +283,39 @@ def copy_to_device(PinnedMemory mem not None, uintptr_t dst, uintptr_t src, size
     change the buffer, as after a pageable copy); otherwise ``mem`` records
     the stream, so it outlives the copy however soon it is dropped.
     """
+    return _copy(mem, src, dst, nbytes, device, stream, blocking, False)
+
+
+def copy_to_host(PinnedMemory mem not None, uintptr_t dst, uintptr_t src, size_t nbytes, int device,
+                 uintptr_t stream, bint blocking):
+    """cuMemcpyDtoHAsync of ``nbytes`` at device address ``src`` to ``dst``
+    inside ``mem`` on ``stream`` of ``device``; return True when ``stream``
+    is capturing (the copy became a graph node that writes ``mem`` at every
+    replay: the caller keeps ``mem`` alive with the graph).
+
+    Outside a capture, ``blocking`` waits for the stream (the host may then
+    read the buffer); otherwise the values arrive once the stream gets there
+    (wait for it before reading) and ``mem`` records the stream, so it
+    outlives the copy however soon it is dropped.
+    """
+    return _copy(mem, dst, src, nbytes, device, stream, blocking, True)
+
+
+cdef bint _copy(PinnedMemory mem, uintptr_t host, uintptr_t dev_ptr, size_t nbytes, int device,
+                uintptr_t stream, bint blocking, bint to_host) except -1:
     cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
-    if src < mem.ptr or src + nbytes > mem.ptr + mem.size:
-        raise ValueError(f"{nbytes} bytes at {src:#x} are not inside {mem!r}")
+    if host < mem.ptr or host + nbytes > mem.ptr + mem.size:
+        raise ValueError(f"{nbytes} bytes at {host:#x} are not inside {mem!r}")
     with nogil:
         ensure_context(device)
         check(cydriver.cuStreamIsCapturing(<cydriver.CUstream>stream, &status))
         if nbytes:
-            check(cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, <const void*>src, nbytes,
-                                             <cydriver.CUstream>stream))
+            if to_host:
+                check(cydriver.cuMemcpyDtoHAsync(<void*>host, <cydriver.CUdeviceptr>dev_ptr, nbytes,
+                                                 <cydriver.CUstream>stream))
+            else:
+                check(cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dev_ptr, <const void*>host, nbytes,
+                                                 <cydriver.CUstream>stream))
             if blocking and status == cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
                 check(cydriver.cuStreamSynchronize(<cydriver.CUstream>stream))
     if status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
