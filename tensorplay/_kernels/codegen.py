@@ -194,31 +194,41 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
              f"  const long long tile = {FLAT_BLOCK * per_thread}LL;",
              # The launch plan's grid says how the work is split (see
              # cache.flat_launch): covering n with one element a thread (the
-             # fewest instructions: tiny tensors), or with one vector a thread
-             # (the rest, up to tens of GB); a tiled grid never covers n with
-             # one vector a thread.
+             # fewest instructions, in a branch of its own: graphs of tiny
+             # kernels pay for each instruction per node), or with one vector
+             # a thread (the rest, up to tens of GB); a tiled grid never
+             # covers n with one vector a thread.
              "  const long long threads = (long long)gridDim.x * blockDim.x;",
-             "  if (threads * " + str(width) + " >= n) {",
-             "    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
-             "    const long long per = threads >= n ? 1 : " + str(width) + ";",
-             "    const long long first = t * per;"]
-    if width > 1:
-        lines.append("    if (per > 1 && vectors && first + per <= n) {")
-        for k, d in enumerate(inputs):
-            lines.append(f"      const tp_vec<{d.ctype}, {width}> r{k} = "
-                         f"reinterpret_cast<const tp_vec<{d.ctype}, {width}>*>(in{k})[t];")
-        lines.append(f"      tp_vec<{out.ctype}, {width}> w;")
-        lines += _vector_lanes("      ", out, inputs, expr, width, "first", "", "w")
-        lines.append(f"      reinterpret_cast<tp_vec<{out.ctype}, {width}>*>(out)[t] = w;")
-        lines.append("      return;")
-        lines.append("    }")
-    lines.append("    for (long long i = first; i < first + per && i < n; ++i) {")
+             "  const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
+             "  if (threads >= n) {",
+             "    if (tid < n) {",
+             "      const long long i = tid;"]
     for k, d in enumerate(inputs):
         lines.append(f"      {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', 'i')};")
     lines += ["      " + store_stmt(out, "out", "i", expr),
               "    }",
               "    return;",
-              "  }",
+              "  }"]
+    if width > 1:
+        lines += ["  if (threads * " + str(width) + " >= n) {",
+                  f"    const long long first = tid * {width};",
+                  f"    if (vectors && first + {width} <= n) {{"]
+        for k, d in enumerate(inputs):
+            lines.append(f"      const tp_vec<{d.ctype}, {width}> r{k} = "
+                         f"reinterpret_cast<const tp_vec<{d.ctype}, {width}>*>(in{k})[tid];")
+        lines.append(f"      tp_vec<{out.ctype}, {width}> w;")
+        lines += _vector_lanes("      ", out, inputs, expr, width, "first", "", "w")
+        lines.append(f"      reinterpret_cast<tp_vec<{out.ctype}, {width}>*>(out)[tid] = w;")
+        lines.append("      return;")
+        lines.append("    }")
+        lines.append(f"    for (long long i = first; i < first + {width} && i < n; ++i) {{")
+        for k, d in enumerate(inputs):
+            lines.append(f"      {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', 'i')};")
+        lines += ["      " + store_stmt(out, "out", "i", expr),
+                  "    }",
+                  "    return;",
+                  "  }"]
+    lines += [
              "  const long long ntiles = (n + tile - 1) / tile;",
              "  for (long long t = blockIdx.x; t < ntiles; t += gridDim.x) {",
              "    const long long base = t * tile;"]

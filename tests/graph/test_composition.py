@@ -140,7 +140,7 @@ def test_refusals_leave_the_capture_usable():
     assert np.unique(x.numpy()).tolist() == [2.0]
 
 
-def test_rebind_and_stage_reach_a_childs_tensors_by_copying():
+def test_rebind_and_stage_reach_into_a_child():
     static = tp.zeros(N, device="cuda")
     out = tp.zeros(N, device="cuda")
     warm(lambda: tp.add(static, 1.0, out=out))
@@ -150,14 +150,20 @@ def test_rebind_and_stage_reach_a_childs_tensors_by_copying():
     parent = CUDAGraph()
     with tp.cuda.graph(parent):
         child.replay()
-    assert parent.rebindable([static], [out]) == [False, False]    # copied: they sit inside the child
-    for v in (3.0, 4.0):
-        inp = tp.full((N,), v, device="cuda")
-        result = tp.zeros(N, device="cuda")
-        parent.rebind_and_launch([static], [inp], [out], [result])
-        assert np.unique(result.numpy()).tolist() == [v + 1.0]
-        parent.stage_and_launch([static], [inp + 1.0])
-        assert np.unique(out.numpy()).tolist() == [v + 2.0]
+    looped, _, _ = _counted_loop(child.replay, 2)                   # the child inside a WHILE body
+    for g in (parent, looped):
+        assert g.rebindable([static], [out]) == [True, True]       # patched inside the child
+        for v in (3.0, 4.0):
+            inp = tp.full((N,), v, device="cuda")
+            result = tp.zeros(N, device="cuda")
+            g.rebind_and_launch([static], [inp], [out], [result])
+            assert np.unique(result.numpy()).tolist() == [v + 1.0]
+            assert g._rebind_patch_calls > 0
+            g.stage_and_launch([static], [inp + 1.0])
+            assert np.unique(out.numpy()).tolist() == [v + 2.0]
+        static.fill_(7.0)
+        child.replay()                           # the child's own executable still reads its statics
+        assert np.unique(out.numpy()).tolist() == [8.0]
 
 
 def test_host_functions_run_once_per_call_and_per_replay_in_order():

@@ -474,7 +474,10 @@ cdef class _Scan:
                                                                             cp.dstPitch, cp.dstHeight, &cp))
             elif t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
                 check(cydriver.cuGraphChildGraphNodeGetGraph(nodes[i], &child))
-                self.scan_graph(child, False, NULL)
+                # the executable's kernels inside the child are patched by
+                # the child's own nodes, as a conditional body's are; after
+                # an update the child's nodes are the new capture's: copy
+                self.scan_graph(child, patchable and (paired == NULL or paired == g), NULL)
             elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
                 info = self.conditionals.get(<uintptr_t>nodes[i])
                 if info is None:
