@@ -140,6 +140,30 @@ def test_refusals_leave_the_capture_usable():
     assert np.unique(x.numpy()).tolist() == [2.0]
 
 
+def test_replay_inside_another_librarys_capture_says_why_it_failed():
+    """The driver cannot capture a graph launch: the capture it would join
+    is invalidated (the driver's doing), the error says so, and the graph
+    replays normally afterwards."""
+    from cuda.bindings import driver
+    x = tp.zeros(N, device="cuda")
+    child = _step_graph(x)
+    err, s = driver.cuStreamCreate(1)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    try:
+        assert driver.cuStreamBeginCapture(
+            s, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)[0] == driver.CUresult.CUDA_SUCCESS
+        with pytest.raises(tp.cuda.CudaError, match="capturing for another library") as info:
+            child.replay(tp.cuda.ExternalStream(int(s)))
+        assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        err, graph = driver.cuStreamEndCapture(s)
+        assert err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+    finally:
+        driver.cuStreamDestroy(s)
+    x.zero_()
+    child.replay()
+    assert np.unique(x.numpy()).tolist() == [1.0]
+
+
 def test_rebind_and_stage_reach_into_a_child():
     static = tp.zeros(N, device="cuda")
     out = tp.zeros(N, device="cuda")
@@ -271,8 +295,7 @@ def test_event_nodes_order_two_graphs_on_two_streams():
         assert np.unique(z.numpy()).tolist() == [4.0]
 
 
-def test_embedded_replay_time_against_the_same_work_flat():
-    """Not a timing test: the flat graph and the nested one compute the same."""
+def test_a_nested_graph_computes_what_the_same_work_flat_does():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
     nested = CUDAGraph()

@@ -22,6 +22,7 @@ from tensorplay._graph.stager cimport Stager, check_stage_arguments, make_stager
 
 import os
 
+from tensorplay._driver.context import make_error
 from tensorplay._memory.allocator import PoolAsleepError
 from tensorplay._memory.api import allocator as _allocator
 
@@ -166,6 +167,7 @@ cdef class ReplayBase:
         cdef cydriver.CUstream s
         cdef Stream so
         cdef cydriver.CUgraphExec handle = self._cur.handle
+        cdef cydriver.CUresult r
         if handle == NULL:
             self._replay_error("replay")
         if self._cur.pool is not None and self._cur.pool.asleep:
@@ -188,7 +190,16 @@ cdef class ReplayBase:
             self._rebinder.restore()        # replay() reads the static tensors
         with nogil:
             ensure_context(self._device)
-            check(cydriver.cuGraphLaunch(handle, s))
+            r = cydriver.cuGraphLaunch(handle, s)
+        if r != cydriver.CUDA_SUCCESS:
+            if r in (cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
+                # known only once the driver refused: checking first would
+                # cost every replay a driver call
+                raise make_error(r, "replay on a stream that is capturing for another library (PyTorch, CuPy, "
+                                    "cuda.core, the driver API): the driver cannot capture a graph launch and has "
+                                    "invalidated that capture; a tensorplay graph joins tensorplay captures only "
+                                    "(as a child graph node), so capture the outer graph with tp.cuda.graph")
+            check(r)
 
     def stage_and_launch(self, static_inputs, inputs):
         """Copy each of ``inputs`` onto the matching static buffer, then replay.
