@@ -203,10 +203,8 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
              "  if (threads >= n) {",
              "    if (tid < n) {",
              "      const long long i = tid;"]
-    for k, d in enumerate(inputs):
-        lines.append(f"      {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', 'i')};")
-    lines += ["      " + store_stmt(out, "out", "i", expr),
-              "    }",
+    lines += _element_at_i("      ", out, inputs, expr)
+    lines += ["    }",
               "    return;",
               "  }"]
     if width > 1:
@@ -222,10 +220,8 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
         lines.append("      return;")
         lines.append("    }")
         lines.append(f"    for (long long i = first; i < first + {width} && i < n; ++i) {{")
-        for k, d in enumerate(inputs):
-            lines.append(f"      {compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', 'i')};")
-        lines += ["      " + store_stmt(out, "out", "i", expr),
-                  "    }",
+        lines += _element_at_i("      ", out, inputs, expr)
+        lines += ["    }",
                   "    return;",
                   "  }"]
     lines += [
@@ -276,6 +272,12 @@ def flat_kernel_text(name, out, inputs, expr, scalars):
     lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _element_at_i(indent, out, inputs, expr):
+    """C lines loading each input at element ``i`` and storing ``expr`` there."""
+    lines = [f"{indent}{compute_ctype(d)} a{k} = {load_expr(d, f'in{k}', 'i')};" for k, d in enumerate(inputs)]
+    return lines + [indent + store_stmt(out, "out", "i", expr)]
 
 
 def _vector_lanes(indent, out, inputs, expr, width, first, lane, dst):
