@@ -103,6 +103,7 @@ def test_the_same_child_in_two_parents_and_a_child_of_a_child():
 def test_the_parent_keeps_the_childs_memory_after_the_child_is_dropped():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
+    pool = child.pool_id
     parent, _, _ = _counted_loop(child.replay, 2)
     del child
     gc.collect()
@@ -112,12 +113,19 @@ def test_the_parent_keeps_the_childs_memory_after_the_child_is_dropped():
         parent.replay()
         assert np.unique(x.numpy()).tolist() == [_expected(0, 2)]
     assert tp.cuda.memory_allocated() == before
+    tp.cuda.synchronize()
+    tp.cuda.empty_cache()                                # only the pools' segments stay reserved
     reserved = tp.cuda.memory_reserved()
+    stats = {k: v for k, v in tp.cuda.memory_stats().items() if k.startswith(f"pool.{pool}.")}
+    assert stats[f"pool.{pool}.graph_refs"] == 1        # the parent's hold, the child graph gone
     parent.reset()
     gc.collect()
     tp.cuda.synchronize()
     tp.cuda.empty_cache()
-    assert tp.cuda.memory_reserved() < reserved          # the child's pool went with the parent
+    # the child's pool (its 4 MiB temporary) went with the parent
+    left = {k: v for k, v in tp.cuda.memory_stats().items() if k.startswith(f"pool.{pool}.")}
+    assert left == {}, (stats, left)
+    assert reserved - tp.cuda.memory_reserved() >= N * 4
 
 
 def test_refusals_leave_the_capture_usable():
@@ -150,10 +158,11 @@ def test_replay_inside_another_librarys_capture_says_why_it_failed():
     err, s = driver.cuStreamCreate(1)
     assert err == driver.CUresult.CUDA_SUCCESS
     try:
+        theirs = tp.cuda.ExternalStream(int(s))  # before the capture: asking a capturing stream its device fails
         assert driver.cuStreamBeginCapture(
             s, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)[0] == driver.CUresult.CUDA_SUCCESS
         with pytest.raises(tp.cuda.CudaError, match="capturing for another library") as info:
-            child.replay(tp.cuda.ExternalStream(int(s)))
+            child.replay(theirs)
         assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
         err, graph = driver.cuStreamEndCapture(s)
         assert err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED

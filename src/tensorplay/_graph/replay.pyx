@@ -184,13 +184,15 @@ cdef class ReplayBase:
                                                   self._cur.kept, self._cur.foreign_holds,
                                                   len(self._cur.conditionals) != 0):
             return
-        if <uintptr_t>s != self._last_replay_stream:
-            self._note_replay_stream(<uintptr_t>s)
         if self._rebinder is not None and self._rebinder.rebound:
             self._rebinder.restore()        # replay() reads the static tensors
         with nogil:
             ensure_context(self._device)
             r = cydriver.cuGraphLaunch(handle, s)
+        # only streams that ran a replay: the graph's memory waits for them
+        # when it is freed (a stream the launch failed on may be gone by then)
+        if r == cydriver.CUDA_SUCCESS and <uintptr_t>s != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>s)
         if r != cydriver.CUDA_SUCCESS:
             if r in (cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
                 # known only once the driver refused: checking first would
