@@ -117,6 +117,20 @@ cdef int refuse_in_conditional_body(cydriver.CUstream stream, str what) except -
     return 0
 
 
+cdef bint _event_node_here(cydriver.CUstream stream, int device, str what) except -1:
+    """Whether an external event's record or wait on ``stream`` becomes a
+    graph node (the stream is capturing); refused, with the capture left
+    intact, inside a conditional body."""
+    cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    with nogil:
+        ensure_context(device)
+        check(cydriver.cuStreamIsCapturing(stream, &status))
+    if status != cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        return False
+    refuse_in_conditional_body(stream, what)
+    return True
+
+
 def cached_stream_count():
     """Streams kept for reuse by later Stream() calls (never destroyed)."""
     return sum(len(v) for v in _recycled.values())
@@ -252,15 +266,9 @@ cdef class Stream:
         wait inside a capture only orders the capture's streams."""
         cdef Event e = _event_arg(event, "wait_event", "event")
         cdef unsigned int flags = 0
-        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
-        if e._external:
-            with nogil:
-                ensure_context(self._device)
-                check(cydriver.cuStreamIsCapturing(self._handle, &status))
-            if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-                refuse_in_conditional_body(self._handle, "wait_event")
-                e._create_on(self._device)      # a wait node needs the event, recorded yet or not
-                flags = cydriver.CU_EVENT_WAIT_EXTERNAL
+        if e._external and _event_node_here(self._handle, self._device, "wait_event"):
+            e._create_on(self._device)      # a wait node needs the event, recorded yet or not
+            flags = cydriver.CU_EVENT_WAIT_EXTERNAL
         if e._handle == NULL:
             return   # never recorded: nothing to wait for, as in PyTorch
         with nogil:
@@ -444,15 +452,9 @@ cdef class Event:
 
     cdef int _record_on(self, cydriver.CUstream stream, int device) except -1:
         self._create_on(device)
-        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
         cdef unsigned int flags = 0
-        if self._external:
-            with nogil:
-                ensure_context(device)
-                check(cydriver.cuStreamIsCapturing(stream, &status))
-            if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-                refuse_in_conditional_body(stream, "Event.record")
-                flags = cydriver.CU_EVENT_RECORD_EXTERNAL
+        if self._external and _event_node_here(stream, device, "Event.record"):
+            flags = cydriver.CU_EVENT_RECORD_EXTERNAL
         with nogil:
             ensure_context(device)
             check(cydriver.cuEventRecordWithFlags(self._handle, stream, flags))

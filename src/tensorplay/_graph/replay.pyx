@@ -189,10 +189,6 @@ cdef class ReplayBase:
         with nogil:
             ensure_context(self._device)
             r = cydriver.cuGraphLaunch(handle, s)
-        # only streams that ran a replay: the graph's memory waits for them
-        # when it is freed (a stream the launch failed on may be gone by then)
-        if r == cydriver.CUDA_SUCCESS and <uintptr_t>s != self._last_replay_stream:
-            self._note_replay_stream(<uintptr_t>s)
         if r != cydriver.CUDA_SUCCESS:
             if r in (cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
                 # known only once the driver refused: checking first would
@@ -202,6 +198,10 @@ cdef class ReplayBase:
                                     "invalidated that capture; a tensorplay graph joins tensorplay captures only "
                                     "(as a child graph node), so capture the outer graph with tp.cuda.graph")
             check(r)
+        # only streams that ran a replay: the graph's memory waits for them
+        # when it is freed (a stream the launch failed on may be gone by then)
+        if <uintptr_t>s != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>s)
 
     def stage_and_launch(self, static_inputs, inputs):
         """Copy each of ``inputs`` onto the matching static buffer, then replay.
