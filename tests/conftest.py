@@ -10,34 +10,63 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from helpers import FUZZED_CALLS, HAS_CUDA, N_GPUS
+from helpers import FUZZED_CALLS, HAS_CUDA, N_GPUS, count_fuzzed_call
 
 # The suite compiles hundreds of kernels: they go to a temporary kernel cache,
 # removed at the end, not to the user's ~/.cache/tensorplay, unless
 # TENSORPLAY_TEST_CACHE_DIR names the folder to use (to keep them between runs).
 # Read at each compilation, so setting it here (before any test) is enough;
-# subprocesses of the tests inherit it.
-_TEST_CACHE = os.environ.get("TENSORPLAY_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="tensorplay-test-cache-")
+# subprocesses of the tests inherit it. The process that makes the temporary
+# folder is the one that removes it: it puts the folder in
+# TENSORPLAY_TEST_CACHE_DIR, so pytest-xdist's workers (started after this
+# runs, with this environment) share it and leave it alone, and none of them
+# deletes kernels another one still uses. The disk cache is safe to share
+# (each image is written to a temporary file, then renamed into place).
+_TEST_CACHE = os.environ.get("TENSORPLAY_TEST_CACHE_DIR")
+_OWN_TEST_CACHE = not _TEST_CACHE
+if _OWN_TEST_CACHE:
+    _TEST_CACHE = tempfile.mkdtemp(prefix="tensorplay-test-cache-")
+    os.environ["TENSORPLAY_TEST_CACHE_DIR"] = _TEST_CACHE
 os.environ["TENSORPLAY_CACHE_DIR"] = _TEST_CACHE
+
+# Under pytest-xdist, other test processes share the GPU (scripts/gpu_tests.sh)
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
 def pytest_unconfigure(config):
-    if not os.environ.get("TENSORPLAY_TEST_CACHE_DIR"):
+    if _OWN_TEST_CACHE:
         shutil.rmtree(_TEST_CACHE, ignore_errors=True)
 
 
 def pytest_report_header(config):
-    return f"tensorplay kernel cache: {_TEST_CACHE} (TENSORPLAY_TEST_CACHE_DIR keeps one between runs)"
+    made = "made for this run" if _OWN_TEST_CACHE else "TENSORPLAY_TEST_CACHE_DIR"
+    return f"tensorplay kernel cache: {_TEST_CACHE} ({made}; TENSORPLAY_TEST_CACHE_DIR keeps one between runs)"
 
 
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason=f"needs a CUDA GPU: {tp.cuda.unavailable_reason()}")
     skip_multi = pytest.mark.skip(reason=f"needs 2 CUDA GPUs, {N_GPUS} present")
+    skip_serial = pytest.mark.skip(reason="marked serial (device-wide memory or time): other pytest-xdist "
+                                          "workers share the GPU; scripts/gpu_tests.sh runs it alone")
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_cuda)
         if "multigpu" in item.keywords and N_GPUS < 2:
             item.add_marker(skip_multi)
+        if _XDIST_WORKER and item.get_closest_marker("serial"):
+            item.add_marker(skip_serial)
+
+
+def pytest_sessionfinish(session):
+    # a pytest-xdist worker hands its count to the controller (pytest_testnodedown)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fuzzed_calls"] = FUZZED_CALLS[0]
+
+
+@pytest.hookimpl(optionalhook=True)        # a pytest-xdist hook: unknown without the plugin
+def pytest_testnodedown(node, error):
+    count_fuzzed_call(getattr(node, "workeroutput", {}).get("fuzzed_calls", 0))
 
 
 def pytest_terminal_summary(terminalreporter):

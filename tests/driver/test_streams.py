@@ -78,6 +78,7 @@ def test_wait_stream_orders_work_across_streams():
         assert np.all(y.numpy() == 7.0)    # numpy() waits on s2, the current stream
 
 
+@pytest.mark.serial  # GPU times (other processes' kernels time-slice in)
 def test_events_time_real_work_and_order_streams():
     s = tp.cuda.Stream()
     start, end = tp.cuda.Event(enable_timing=True), tp.cuda.Event(enable_timing=True)

@@ -253,6 +253,7 @@ def test_memory_of_a_reset_graph_stays_valid_under_live_tensors():
     assert tp.cuda.memory_reserved() < before
 
 
+@pytest.mark.serial  # a GPU time
 def test_timing_events_inside_a_graph():
     s = tp.cuda.Stream()
     start = tp.cuda.Event(enable_timing=True, external=True)

@@ -149,6 +149,7 @@ def test_two_sets_share_one_pool_and_sleep_together(torch):
     assert close(torch, a(x), f(x)) and close(torch, b(x), g(x))
 
 
+@pytest.mark.serial  # device-wide free memory (cuMemGetInfo)
 def test_a_hundred_sleep_wake_cycles_return_memory_and_keep_values(torch):
     step = mlp(torch, width=2048)
     gs = GraphSet(step, [torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)], [1, 8, 64, 256],
@@ -196,6 +197,7 @@ def settled_free(torch):
     return device_free()
 
 
+@pytest.mark.serial  # device-wide free memory (cuMemGetInfo)
 def test_memory_parity_with_pytorch_when_nothing_sleeps(torch):
     """The same set captured vLLM's way with torch.cuda.graph: the device
     memory each set holds (cuMemGetInfo, caches emptied), at most PyTorch's."""

@@ -418,6 +418,7 @@ def test_a_graph_reset_during_its_replay_keeps_its_input_until_the_replay_ends()
 
 # ---------------------------------------------------------------- OOM
 
+@pytest.mark.serial  # fills 85% of the device's free memory
 def test_oom_releases_the_cache_and_retries_and_oom_in_a_capture_is_clean():
     base = _settle()
     retries0 = tp.cuda.memory_stats()["num_alloc_retries"]

@@ -45,6 +45,7 @@ def x64():
     return tp.tensor(host, device="cuda"), host
 
 
+@pytest.mark.serial  # device-wide free memory (cuMemGetInfo)
 def test_sleep_gives_the_memory_back_and_wake_replays_right(x64):
     x, host = x64
     pool = GraphPool()
@@ -66,6 +67,7 @@ def test_sleep_gives_the_memory_back_and_wake_replays_right(x64):
     np.testing.assert_allclose(out.cpu().numpy(), expected(host), rtol=1e-6)
 
 
+@pytest.mark.serial  # device-wide free memory (cuMemGetInfo)
 def test_a_hundred_sleep_wake_cycles_give_memory_back_each_time(x64):
     x, host = x64
     pool = GraphPool()
