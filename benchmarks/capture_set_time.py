@@ -8,11 +8,11 @@ Run from benchmarks/ on the GPU machine::
 
 Two workloads written in PyTorch: the serving section's bf16 MLP step
 (hidden 1024, ffn 4096, bias, tanh GELU, residual) and the small model's
-batched decode step (serving_set.decode_step). Four ways to build the set,
-each timed --reps times (median and min printed), its graphs reset and both
-libraries' caches emptied between builds:
+batched decode step (tpbench.vllm_style.decode_step). Four ways to build
+the set, each timed --reps times (median and min printed), its graphs reset
+and both libraries' caches emptied between builds:
 
-- PyTorch the way vLLM builds it (serving_set.VllmStyleGraphs: one
+- PyTorch the way vLLM builds it (tpbench.vllm_style.VllmStyleGraphs: one
   gc.collect and gc.freeze, an eager warm-up and a synchronize before each
   size's capture, weak references to the outputs);
 - a bare loop of ``torch.cuda.graph`` per size into one pool (its own
@@ -29,8 +29,8 @@ import statistics
 import time
 
 import tensorplay as tp
-import serving_set as ss
-from bench_env import gpu_and_torch
+from tpbench import vllm_style as ss
+from tpbench.common import gpu_and_torch
 
 HIDDEN, FFN = 1024, 4096
 

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 import tensorplay as tp
-from bench_env import gpu_and_torch
+from tpbench.common import gpu_and_torch
 
 MI = 1 << 20
 N = 64 * MI

@@ -1,12 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers of compare.py's ``serving_set`` section (PyTorch only, no tensorplay):
+"""The serving_set section's PyTorch side (tensorplay's GraphSet is its peer):
 vLLM's capture sizes, a batched decode step with per-row positions over the
 model of examples/decode_loop.py, and the PyTorch contender, a set of
 ``torch.cuda.graph`` captures made the way vLLM makes them.
 
-Imported by compare.py, which runs from benchmarks/ (so this module is on
-sys.path); it never imports compare.py (run as __main__, a second copy would
-have its own result list).
+Used by the serving_set section and by capture_set_time.py; none of it
+calls tensorplay.
 """
 
 from __future__ import annotations
@@ -15,11 +14,9 @@ import bisect
 import contextlib
 import gc
 import math
-import os
-import sys
 from unittest import mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from tpbench.common import decode_loop_module
 
 
 def vllm_sizes(cap=512):
@@ -42,17 +39,6 @@ def padding_waste(padded, largest):
 
 
 # ---------------------------------------------------------------- the decode step
-
-def decode_loop_module():
-    """examples/decode_loop.py, imported as compare.py's decode section does."""
-    examples = os.path.join(os.path.dirname(HERE), "examples")
-    sys.path.insert(0, examples)
-    try:
-        import decode_loop
-    finally:
-        sys.path.remove(examples)
-    return decode_loop
-
 
 def decode_step(torch, model, max_batch, max_len=256, seed=0):
     """``step(tok, pos) -> logits``: one decode step of decode_loop's model

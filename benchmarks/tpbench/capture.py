@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sections ``capture`` and ``recapture``: host time of capturing a graph.
+
+- capture: capture + instantiate of n in-place adds on a one-element
+  tensor, ``with tp.cuda.graph(g)`` against ``with torch.cuda.graph(g)``;
+- recapture: a re-capture into a graph that has an executable
+  (cuGraphExecUpdate) against ``reset()`` then capture + instantiate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import tensorplay as tp
+from tpbench.common import guarded, record
+
+
+def capture_rows(sizes, repeats, torch):
+    for n in sizes:
+        case = f"{n} nodes"
+        x = tp.zeros(1, device="cuda")
+        x.add_(1)
+
+        def cap():
+            g = tp.cuda.CUDAGraph()
+            with tp.cuda.graph(g):
+                for _ in range(n):
+                    x.add_(1)
+            return g
+        per = []
+        for _ in range(repeats):
+            tp.cuda.synchronize()
+            t0 = time.perf_counter()
+            g = cap()
+            per.append((time.perf_counter() - t0) * 1e6)
+            g.reset()
+        record("capture", case, "tensorplay capture+instantiate", statistics.median(per))
+
+        @guarded("capture", case, "PyTorch capture+instantiate")
+        def _torch():
+            tx = torch.zeros(1, device="cuda")
+            tx.add_(1)
+            per = []
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                tg = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(tg):
+                    for _ in range(n):
+                        tx.add_(1)
+                per.append((time.perf_counter() - t0) * 1e6)
+                del tg
+            record("capture", case, "PyTorch capture+instantiate", statistics.median(per))
+
+
+def recapture_rows(sizes, repeats):
+    """Re-capture of a graph that has an executable: capture_end updates it
+    in place (cuGraphExecUpdate), against reset() then capture + instantiate.
+    Host time per re-capture (capture_begin to capture_end), median."""
+    for n in sizes:
+        case = f"{n} nodes"
+        x = tp.zeros(1, device="cuda")
+        x.add_(1)
+
+        def capture_into(g):
+            with tp.cuda.graph(g):
+                for _ in range(n):
+                    x.add_(1)
+        for label, fresh in (("tensorplay re-capture (update)", False),
+                             ("tensorplay reset + capture + instantiate", True)):
+            g = tp.cuda.CUDAGraph()
+            capture_into(g)
+            per, results = [], set()
+            for _ in range(repeats):
+                tp.cuda.synchronize()
+                t0 = time.perf_counter()
+                if fresh:
+                    g.reset()
+                capture_into(g)
+                per.append((time.perf_counter() - t0) * 1e6)
+                results.add(g.update_result)
+            g.replay()
+            tp.cuda.synchronize()
+            g.reset()
+            record("recapture", case, label, statistics.median(per),
+                   note=f"update_result: {', '.join(sorted(map(str, results)))}")
