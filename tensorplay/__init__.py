@@ -29,7 +29,9 @@ from tensorplay._tensor.creation import (arange, empty, empty_like, from_numpy, 
 from tensorplay._tensor.tensor import Tensor
 from tensorplay._tensor import transfer as _transfer
 from tensorplay._driver import context as _context
+from tensorplay._driver import teardown as _teardown
 from tensorplay._graph import registry as _registry
+from tensorplay._graph import foreign as _foreign
 
 from tensorplay._ops import methods as _methods_mod
 from tensorplay._ops.distributions import bernoulli, dropout, rand, rand_like, randint, randint_like, randn, randn_like
@@ -47,13 +49,16 @@ from tensorplay._ops.custom import ElementwiseKernel, RawKernel  # noqa: F401  (
 # What lower floors receive from above, given here, once everything is imported
 # (docs/design.md): the Tensor methods made from the op tables, the check of
 # device-side index errors run at every host read, the converter of foreign
-# arrays (CUDA Array Interface, DLPack) that copy_ accepts, and the sentence on
-# the open graph captures that the driver's errors carry.
+# arrays (CUDA Array Interface, DLPack) that copy_ accepts, the sentence on
+# the open graph captures that the driver's errors carry, and the question
+# teardown asks before destroying driver objects (is PyTorch or CuPy
+# capturing on this thread?).
 _methods_mod.install(Tensor)
 globals().update(_methods_mod.FUNCTIONS)
 _transfer.register_device_error_check(_indexing.check_device_errors)
 _transfer.register_foreign_converter(as_tensor)
 _context.set_open_capture_describer(_registry.describe_open_captures)
+_teardown.set_foreign_capture_probe(_foreign.foreign_capture_on_this_thread)
 
 # PyTorch's dtype aliases. tensorplay.bool, .int and .float are attributes, as
 # torch.bool, but not in __all__: ``from tensorplay import *`` must leave the

@@ -19,18 +19,26 @@ move without the tests reaching into it.
   ``free_pending_pinned(wait)``: pinned host buffers, the one under an
   array, how many are alive or wait for their GPU work, and freeing those
   whose work has run.
+- ``teardown_waits()``, ``defer_call(fn, *args)``, ``run_deferred_teardown()``,
+  ``deferred_teardown_count()``, ``drop_later(obj)``,
+  ``call_as_driver_thread(fn, *args)``, ``set_foreign_capture_probe(fn)``: teardown that waits while a capture
+  is open or on the driver's thread (tensorplay._driver.teardown), and ways
+  to act as that thread does.
 """
 
 from tensorplay._driver.context import bound_device
 from tensorplay._driver.pinned import PinnedMemory, free_pending_pinned, pinned_memory_of, pinned_memory_stats
+from tensorplay._driver.teardown import (call_as_driver_thread, defer_call, deferred_teardown_count, drop_later,
+                                         run_deferred_teardown, set_foreign_capture_probe, teardown_waits)
 from tensorplay._graph.stager import staged_builds
 from tensorplay._memory.allocator import DeviceAllocator, make_sleepable, note_capture_use
 from tensorplay._memory.testing import FakeBackend
 from tensorplay.cuda import CUDAGraph
 
-__all__ = ["DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "free_pending_pinned",
-           "make_sleepable", "note_capture_use", "pinned_memory_of", "pinned_memory_stats", "rebind_patch_calls",
-           "stages_in_one_launch", "staged_builds"]
+__all__ = ["DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "call_as_driver_thread", "defer_call",
+           "deferred_teardown_count", "drop_later", "free_pending_pinned", "make_sleepable", "note_capture_use",
+           "pinned_memory_of", "pinned_memory_stats", "rebind_patch_calls", "run_deferred_teardown",
+           "set_foreign_capture_probe", "stages_in_one_launch", "staged_builds", "teardown_waits"]
 
 
 def rebind_patch_calls(graph: CUDAGraph) -> int:

@@ -26,6 +26,7 @@ the stream they are given: ``tensorplay.cuda.current_stream()`` speaks
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ from typing import Any
 import numpy
 
 from tensorplay._driver.stream import Stream, current_stream_handle_of
+from tensorplay._driver.teardown import teardown_waits
 from tensorplay._memory import vmm
 from tensorplay._memory.allocator import allocate, is_sleepable
 from tensorplay._tensor.base import TensorBase
@@ -81,6 +83,12 @@ class Library:
     def prepare(self, device: int) -> None:
         """Before the capture begins: what cannot be done inside it."""
 
+    def is_capturing(self) -> bool:
+        """True while the library's current stream on this thread is being
+        captured (by the library itself, or into a tensorplay graph):
+        tensorplay's teardown then waits (tensorplay._driver.teardown)."""
+        return False
+
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         """The capture began on ``stream`` into pool ``pool_id``: route
         allocations, make ``stream`` current; return the state to restore."""
@@ -117,9 +125,22 @@ class _PoolHold:
             with _PoolHold._lock:
                 _PoolHold.parked.append((self.device, self.pool))
             self.pool = None
-            release_parked_pools()
+            # from the collector only parked: it runs anywhere, PyTorch's own
+            # capture included, where letting a pool go trips its allocator
+            if not _collecting[0]:
+                release_parked_pools()
         except BaseException:
             pass
+
+
+_collecting = [False]     # the cyclic collector is running (its callback below)
+
+
+def _note_collection(phase: str, info: dict[str, Any]) -> None:
+    _collecting[0] = phase == "start"
+
+
+gc.callbacks.append(_note_collection)
 
 
 def _torch_pool_in_use(torch: Any, device: int, pool: Any) -> bool:
@@ -143,8 +164,10 @@ _CHECKS_PER_CALL = 4
 
 def release_parked_pools() -> None:
     """Let go of the parked PyTorch pools that no tensor uses any more,
-    when no capture is open (called at capture boundaries and resets)."""
-    if not _PoolHold.parked:
+    when no capture is open (called at capture boundaries, resets and
+    synchronize; never from the driver's thread nor inside another
+    library's capture on this thread)."""
+    if not _PoolHold.parked or teardown_waits():
         return
     with capture_begin_lock:         # no capture may begin while PyTorch frees memory
         # nor may one be routed: PyTorch refuses to free while any is
@@ -192,6 +215,8 @@ class TorchLibrary(Library):
         self._lock = threading.Lock()
         self._streams: dict[tuple[int, int], Any] = {}   # PyTorch's wrappers of our streams
         self._allocator: Any = None                        # for sleepable pools' MemPools
+        self._available: Any = None                        # the torch module whose CUDA was available
+        self._tls = threading.local()                      # .blas: devices whose cuBLAS handle exists here
 
     def _external(self, device: int, stream: Stream) -> Any:
         """PyTorch's ExternalStream over ``stream`` (kept: captures reuse their streams)."""
@@ -208,28 +233,46 @@ class TorchLibrary(Library):
         torch = sys.modules.get("torch")
         if torch is None:
             return False
+        if self._available is torch:      # asked once per module: it costs a few us a capture
+            return True
         try:
-            return bool(torch.cuda.is_available())
+            available = bool(torch.cuda.is_available())
         except Exception:                 # a broken or CPU-only build: not followed
             return False
+        if available:
+            self._available = torch
+        return available
+
+    def is_capturing(self) -> bool:
+        torch = sys.modules["torch"]
+        # no CUDA state in PyTorch yet: nothing of its can be capturing
+        return bool(torch.cuda.is_initialized() and torch._C._cuda_isCurrentStreamCapturing())
 
     def current_stream_handle(self, device: int) -> int | None:
         torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(device))
         return int(torch.cuda.current_stream(device).cuda_stream)
 
     def prepare(self, device: int) -> None:
         torch = sys.modules["torch"]
-        with torch.cuda.device(device):
+        made = getattr(self._tls, "blas", None)
+        if made is None:
+            made = self._tls.blas = set()
+        if device not in made:
             # cuBLAS's handle is made at a thread's first matmul, and cublasCreate
-            # cannot run inside a capture: make it before
-            torch.cuda.current_blas_handle()
-            # as PyTorch's own capture does: drop the cached cuBLAS workspaces, so
-            # this capture's matmuls get one from its own pool rather than share
-            # one an earlier graph captured on the same stream uses (not while
-            # another capture may be using its workspace)
-            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-            if clear is not None and not open_captures():
-                clear()
+            # cannot run inside a capture: make it before (once a thread and device)
+            with torch.cuda.device(device):
+                torch.cuda.current_blas_handle()
+            made.add(device)
+        # as PyTorch's own capture does: drop the cached cuBLAS workspaces, so
+        # this capture's matmuls get one from its own pool rather than share
+        # one an earlier graph captured on the same stream uses (not while
+        # another capture may be using its workspace)
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None and not open_captures():
+            clear()
 
     def mem_pool(self, device: int, pool_id: int) -> Any:
         """PyTorch's pool for tensorplay pool ``pool_id`` on ``device``; a
@@ -310,6 +353,12 @@ class CupyLibrary(Library):
     name = "cupy"
     module = "cupy"
 
+    def is_capturing(self) -> bool:
+        stream = sys.modules["cupy"].cuda.get_current_stream()
+        # the legacy stream never captures, and asking it while another stream
+        # captures is an error: not asked
+        return bool(stream.ptr) and bool(stream.is_capturing())
+
     def current_stream_handle(self, device: int) -> int | None:
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(device):
@@ -385,6 +434,19 @@ def foreign_capture_libraries(foreign: bool | None = None) -> tuple[str, ...]:
     if not (_enabled[0] if foreign is None else foreign):
         return ()
     return tuple(lib.name for lib in _followed(True))
+
+
+def foreign_capture_on_this_thread() -> bool:
+    """True while an imported library's current stream on this thread is
+    capturing (the probe of tensorplay._driver.teardown: teardown waits)."""
+    for lib in _libraries:
+        if lib.module in sys.modules:
+            try:
+                if lib.is_capturing():
+                    return True
+            except Exception:
+                pass
+    return False
 
 
 def _followed(enabled: bool) -> list[Library]:

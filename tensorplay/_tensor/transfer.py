@@ -29,6 +29,7 @@ from tensorplay._driver.context import device_index as cuda_device_index
 from tensorplay._driver.context import synchronize as synchronize_context
 from tensorplay._driver.memcpy import memcpy_dtoh, memcpy_htod_async, memcpy_peer_async, refuse_in_capture
 from tensorplay._driver.stream import Event, current_stream, current_stream_handle_of, raise_host_errors
+from tensorplay._driver.teardown import run_deferred_teardown
 from tensorplay._kernels.param_upload import PARAM_UPLOAD_MAX_BYTES, launch_param_write
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ def synchronize(device: DeviceLike = None) -> None:
         Default the current device.
     """
     synchronize_context(device)
+    run_deferred_teardown()              # what died inside a capture, now that the work is done
     run_device_error_checks(cuda_device_index(device))
 
 

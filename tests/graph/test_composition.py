@@ -148,10 +148,11 @@ def test_refusals_leave_the_capture_usable():
     assert np.unique(x.numpy()).tolist() == [2.0]
 
 
-def test_replay_inside_another_librarys_capture_says_why_it_failed():
-    """The driver cannot capture a graph launch: the capture it would join
-    is invalidated (the driver's doing), the error says so, and the graph
-    replays normally afterwards."""
+def test_replay_inside_another_librarys_capture_leaves_it_intact():
+    """The driver cannot capture a graph launch: replay (and staging and
+    rebinding) on a stream another library captures refuses before
+    launching, the error says why, that capture goes on and ends cleanly,
+    and the graph replays normally afterwards."""
     from cuda.bindings import driver
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
@@ -161,11 +162,19 @@ def test_replay_inside_another_librarys_capture_says_why_it_failed():
         theirs = tp.cuda.ExternalStream(int(s))  # before the capture: asking a capturing stream its device fails
         assert driver.cuStreamBeginCapture(
             s, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)[0] == driver.CUresult.CUDA_SUCCESS
-        with pytest.raises(tp.cuda.CudaError, match="capturing for another library") as info:
+        with pytest.raises(tp.cuda.CudaError, match="capturing for another library.*left intact") as info:
             child.replay(theirs)
         assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        with tp.cuda.stream(theirs):
+            for call in (lambda: child.stage_and_launch([x], [x]), lambda: child.rebind_and_launch([x], [x])):
+                with pytest.raises(tp.cuda.CudaError, match="left intact") as info:
+                    call()
+                assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        err, status = driver.cuStreamIsCapturing(s)
+        assert status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
         err, graph = driver.cuStreamEndCapture(s)
-        assert err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        assert err == driver.CUresult.CUDA_SUCCESS
+        driver.cuGraphDestroy(graph)
     finally:
         driver.cuStreamDestroy(s)
     x.zero_()

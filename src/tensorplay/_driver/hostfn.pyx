@@ -14,6 +14,7 @@ from libc.stdint cimport uintptr_t
 
 from tensorplay._driver.context cimport check, ensure_context
 from tensorplay._driver.stream cimport Stream, as_stream, keep_host_error, refuse_in_conditional_body
+from tensorplay._driver.teardown cimport drop_reference_later, set_driver_thread
 
 import atexit
 
@@ -47,23 +48,30 @@ cdef class HostCall:
 
 
 cdef void _run(void* data) noexcept with gil:
-    """The driver's call: run the function, keep what it raises."""
+    """The driver's call: run the function, keep what it raises. This is the
+    driver's thread: what the function drops waits to be torn down, and the
+    run's own reference is dropped on the main thread."""
     cdef HostCall call = <HostCall>data
     if not _exiting:
+        set_driver_thread(True)
         try:
             call.fn()
         except BaseException as exc:
             keep_host_error(call.device, repr(call), exc)
+        finally:
+            set_driver_thread(False)
     if not call.in_graph:
-        Py_DECREF(call)          # the reference launch_host_func took for this one run
+        call = None
+        drop_reference_later(data)   # the reference launch_host_func took for this one run
 
 
 cdef void _release(void* data) noexcept nogil:
-    """The graph's user object is destroyed: drop its reference."""
+    """The graph's user object is destroyed, on whichever thread the driver
+    chooses: its reference is dropped on the main thread (dropping it here
+    could free graphs, memory or PyTorch's pools from the driver's thread)."""
     if _exiting:
         return
-    with gil:
-        Py_DECREF(<object>data)
+    drop_reference_later(data)
 
 
 def launch_host_func(fn, stream=None):

@@ -14,6 +14,7 @@ from libc.string cimport memset
 
 from tensorplay._driver.context cimport LIVE_MODULES, check, count_live, ensure_context, validate_device
 from tensorplay._driver.stream cimport current_stream_handle
+from tensorplay._driver.teardown cimport unload_module
 
 # the CUmodules this process loaded through Module, as ints: a graph's kernel
 # node runs one of our kernels exactly when its function's module is here
@@ -73,11 +74,9 @@ cdef class Module:
             try:
                 if _own_modules is not None:     # None at interpreter shutdown
                     _own_modules.discard(<uintptr_t>self._handle)
-                ensure_context(self.device)
-                cydriver.cuModuleUnload(self._handle)
-                count_live(LIVE_MODULES, -1)
             except BaseException:
                 pass
+            unload_module(self.device, self._handle)     # later, if a capture is open
             self._handle = NULL
 
     def get_function(self, str name):

@@ -5,6 +5,7 @@ cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 
+from tensorplay._driver.teardown cimport destroy_event, run_deferred
 from tensorplay._driver.context cimport (LIVE_EVENTS, LIVE_STREAMS, check, count_live, ensure_context, get_current_device,
                                validate_device, MAX_DEVICES)
 
@@ -254,6 +255,7 @@ cdef class Stream:
         with nogil:
             ensure_context(self._device)
             check(cydriver.cuStreamSynchronize(self._handle))
+        run_deferred()
         if _host_errors:
             raise_host_errors(self._device)
 
@@ -430,11 +432,7 @@ cdef class Event:
 
     def __dealloc__(self):
         if self._handle != NULL:
-            try:
-                if cydriver.cuEventDestroy(self._handle) == cydriver.CUDA_SUCCESS:
-                    count_live(LIVE_EVENTS, -1)
-            except BaseException:
-                pass
+            destroy_event(self._device, self._handle)
             self._handle = NULL
 
     cdef int _create_on(self, int device) except -1:

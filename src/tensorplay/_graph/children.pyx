@@ -10,6 +10,7 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 
 from tensorplay._driver.context cimport check, ensure_context
+from tensorplay._driver.teardown cimport defer, destroy_must_wait
 from tensorplay._graph.streams cimport add_to_capture
 from tensorplay._memory.allocator cimport DeviceAllocator, get_allocator
 from tensorplay._memory.pool cimport CaptureState
@@ -37,9 +38,16 @@ cdef class ChildHold:
     def __dealloc__(self):
         if self.pool_id:
             try:
-                get_allocator(self.device).release_pool(self.pool_id, tuple(self.streams))
+                if destroy_must_wait():      # releasing may record events: not inside a capture
+                    defer(_release_pool, (self.device, self.pool_id, tuple(self.streams)))
+                else:
+                    _release_pool(self.device, self.pool_id, tuple(self.streams))
             except BaseException:
                 pass
+
+
+def _release_pool(int device, long long pool_id, tuple streams):
+    get_allocator(device).release_pool(pool_id, streams)
 
 
 cdef bint embed_if_capturing(int device, cydriver.CUstream stream, cydriver.CUgraph child, long long pool_id,
@@ -61,7 +69,7 @@ cdef bint embed_if_capturing(int device, cydriver.CUstream stream, cydriver.CUgr
     if status != cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
         return False
     alloc = get_allocator(device)
-    st = alloc.captures.get(cid)
+    st = alloc.routes.state_of(cid)
     if st is None:
         raise RuntimeError("replay: the stream is capturing, but not into a tensorplay CUDAGraph; a graph "
                            "replays inside tensorplay's captures only (as a child graph node)")

@@ -12,8 +12,9 @@ from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 
-from tensorplay._driver.context cimport LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensure_context
+from tensorplay._driver.context cimport check, ensure_context
 from tensorplay._driver.stream cimport Stream, as_stream, current_stream_handle
+from tensorplay._driver.teardown cimport defer, destroy_graph_objects, destroy_must_wait
 from tensorplay._graph.children cimport embed_if_capturing
 from tensorplay._graph.describe cimport describe_graph
 from tensorplay._graph.registry cimport captures_open
@@ -40,13 +41,37 @@ cdef dict _UPDATE_FAILURES = {
 }
 
 
-cdef void _destroy_graph(cydriver.CUgraph* g) noexcept:
-    """Destroy ``*g`` if set (counted out of the live graphs) and clear it."""
-    if g[0] == NULL:
-        return
-    if cydriver.cuGraphDestroy(g[0]) == cydriver.CUDA_SUCCESS:
-        count_live(LIVE_GRAPHS, -1)
-    g[0] = NULL
+cdef int refuse_capturing_stream(cydriver.CUresult r, cydriver.CUstreamCaptureStatus status, str what) except -1:
+    """Raise for a launch not made because its stream captures (``status``)
+    or cannot say (``r``: the legacy stream while another stream captures)."""
+    if r != cydriver.CUDA_SUCCESS:
+        raise make_error(r, f"{what} on the legacy default stream while another stream of the device is capturing "
+                            f"(the driver refuses it there); launch on another stream")
+    if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                         f"{what} on a stream that is capturing for another library (PyTorch, CuPy, cuda.core, "
+                         f"the driver API), or a launch that cannot join a tensorplay capture: the driver cannot "
+                         f"capture a graph launch, so nothing was launched and that capture is left intact. A "
+                         f"tensorplay graph joins tensorplay captures only, by replay() (as a child graph node): "
+                         f"capture the outer graph with tp.cuda.graph")
+    raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                     f"{what} on a stream whose capture was invalidated; end that capture first")
+
+
+cdef int refuse_if_capturing(cydriver.CUstream stream, str what) except -1:
+    """Raise before any work when ``stream`` is capturing: staging's and
+    rebinding's launches cannot be captured (embed with replay() instead)."""
+    cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    cdef cydriver.CUresult r
+    with nogil:
+        r = cydriver.cuStreamIsCapturing(stream, &status)
+    if r != cydriver.CUDA_SUCCESS or status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
+        refuse_capturing_stream(r, status, what)
+    return 0
+
+
+def _destroy_later(Executable moved, int device, tuple streams):
+    moved.destroy(device, streams)
 
 
 # no_gc_clear: its owner's __dealloc__ calls destroy(), which reads these
@@ -100,17 +125,32 @@ cdef class Executable:
     cdef void destroy(self, int device, tuple streams) noexcept:
         """Destroy the executable and the graphs, and give up the kept
         storages and the pool: their memory is reused only after the replays
-        queued on ``streams`` (never raises)."""
-        if self.handle != NULL:
+        queued on ``streams`` (never raises). While teardown must wait (a
+        capture is open, or this is the driver's thread: tensorplay._driver.teardown)
+        all of it moves to a new Executable destroyed once it may run."""
+        cdef Executable moved
+        if self.handle == NULL and self.graph == NULL and self.exec_graph == NULL and not self.has_pool \
+                and not self.kept and not self.foreign_holds:
+            return
+        if destroy_must_wait():
             try:
-                ensure_context(device)
-                if cydriver.cuGraphExecDestroy(self.handle) == cydriver.CUDA_SUCCESS:
-                    count_live(LIVE_EXECS, -1)
+                moved = Executable.__new__(Executable)
+                moved.handle, moved.graph, moved.exec_graph = self.handle, self.graph, self.exec_graph
+                moved.kept, moved.foreign_holds, moved.pool = self.kept, self.foreign_holds, self.pool
+                moved.pool_id, moved.has_pool = self.pool_id, self.has_pool
+                self.handle = self.exec_graph = NULL
+                self.graph = NULL
+                self.kept, self.foreign_holds, self.conditionals = {}, {}, {}
+                self.has_pool = False
+                self.pool = None
+                defer(_destroy_later, (moved, device, streams))
+                return
             except BaseException:
-                pass
-            self.handle = NULL
-        _destroy_graph(&self.graph)
-        _destroy_graph(&self.exec_graph)
+                pass                     # no memory for the queue: destroyed now, as before
+        destroy_graph_objects(device, self.handle, self.graph)
+        destroy_graph_objects(device, NULL, self.exec_graph)
+        self.handle = self.exec_graph = NULL
+        self.graph = NULL
         if streams and self.kept:
             for storage in self.kept.values():
                 for h in streams:
@@ -168,6 +208,8 @@ cdef class ReplayBase:
         cdef Stream so
         cdef cydriver.CUgraphExec handle = self._cur.handle
         cdef cydriver.CUresult r
+        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+        cdef bint launched = True
         if handle == NULL:
             self._replay_error("replay")
         if self._cur.pool is not None and self._cur.pool.asleep:
@@ -188,16 +230,16 @@ cdef class ReplayBase:
             self._rebinder.restore()        # replay() reads the static tensors
         with nogil:
             ensure_context(self._device)
-            r = cydriver.cuGraphLaunch(handle, s)
-        if r != cydriver.CUDA_SUCCESS:
-            if r in (cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
-                # known only once the driver refused: checking first would
-                # cost every replay a driver call
-                raise make_error(r, "replay on a stream that is capturing for another library (PyTorch, CuPy, "
-                                    "cuda.core, the driver API): the driver cannot capture a graph launch and has "
-                                    "invalidated that capture; a tensorplay graph joins tensorplay captures only "
-                                    "(as a child graph node), so capture the outer graph with tp.cuda.graph")
-            check(r)
+            # asked first: a launch into another library's capture would
+            # invalidate it (the ask costs far less than the launch)
+            r = cydriver.cuStreamIsCapturing(s, &status)
+            if r == cydriver.CUDA_SUCCESS and status == cydriver.CU_STREAM_CAPTURE_STATUS_NONE:
+                r = cydriver.cuGraphLaunch(handle, s)
+            else:
+                launched = False
+        if not launched:
+            refuse_capturing_stream(r, status, "replay")
+        check(r)
         # only streams that ran a replay: the graph's memory waits for them
         # when it is freed (a stream the launch failed on may be gone by then)
         if <uintptr_t>s != self._last_replay_stream:
@@ -236,6 +278,7 @@ cdef class ReplayBase:
             self._asleep_error("stage_and_launch")
         check_stage_arguments(static_inputs, inputs)
         stream = current_stream_handle(self._device)
+        refuse_if_capturing(stream, "stage_and_launch")
         if stager is None or not stager.holds(static_inputs):
             self._drop_stager()
             stager = make_stager(cur.graph, cur.handle, self._device, static_inputs, not cur.conditionals,
@@ -282,6 +325,7 @@ cdef class ReplayBase:
         if self._cur.pool is not None and self._cur.pool.asleep:
             self._asleep_error("rebind_and_launch")
         stream = current_stream_handle(self._device)
+        refuse_if_capturing(stream, "rebind_and_launch")
         r = self._rebinder_for(static_inputs, static_outputs, "rebind_and_launch")
         if <uintptr_t>stream != self._last_replay_stream:
             self._note_replay_stream(<uintptr_t>stream)

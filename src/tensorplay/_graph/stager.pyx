@@ -19,6 +19,7 @@ from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport LIVE_EXECS, LIVE_GRAPHS, check, count_live, ensure_context
 from tensorplay._driver.launch cimport Function, fill_launch_extra
+from tensorplay._driver.teardown cimport destroy_graph_objects
 from tensorplay._graph.copytable cimport (COPY_BLOCK, MAX_COPY_ENTRIES, copy_capacity, copy_grid_x,
                                           copy_table_bytes, is_tensor_list, set_copy_entry, static_tensor)
 from tensorplay._tensor.base cimport DEVICE_CUDA, MAX_NDIM, TensorBase
@@ -174,23 +175,11 @@ cdef class Stager:
                 memcmp(self._node_table, self._table, copy_table_bytes(nfast)) == 0)
 
     cdef void release(self) noexcept:
-        """Destroy the staged executable and the clone (never raises)."""
-        if self._exec == NULL and self._clone == NULL:
-            return
-        try:
-            ensure_context(self._device)
-        except BaseException:          # no usable context (a forked child): nothing to destroy with
-            self._exec = NULL
-            self._clone = NULL
-            return
-        if self._exec != NULL:
-            if cydriver.cuGraphExecDestroy(self._exec) == cydriver.CUDA_SUCCESS:
-                count_live(LIVE_EXECS, -1)
-            self._exec = NULL
-        if self._clone != NULL:
-            if cydriver.cuGraphDestroy(self._clone) == cydriver.CUDA_SUCCESS:
-                count_live(LIVE_GRAPHS, -1)
-            self._clone = NULL
+        """Destroy the staged executable and the clone, now or once no capture
+        is open (never raises)."""
+        destroy_graph_objects(self._device, self._exec, self._clone)
+        self._exec = NULL
+        self._clone = NULL
         self._node = NULL
 
     def __dealloc__(self):

@@ -5,6 +5,7 @@ from libcpp.vector cimport vector
 
 from tensorplay._memory.backend cimport Backend
 from tensorplay._memory.pool cimport Block, BodyFrame, CaptureState, Pool
+from tensorplay._memory.routing cimport CaptureRoutes
 
 
 cdef struct PendingEvent:
@@ -29,7 +30,7 @@ cdef class DeviceAllocator:
     cdef readonly Backend backend
     cdef dict pools                      # id -> Pool
     cdef Pool default_pool
-    cdef dict captures                   # capture id (root or body) -> CaptureState
+    cdef CaptureRoutes routes            # the open captures allocating into its pools
     cdef vector[PendingEvent] pending    # record_stream events not yet seen complete
     cdef vector[StreamHold] stream_holds # record_stream frees waiting for no capture
     cdef vector[uintptr_t] event_cache   # completed events, reused
@@ -57,6 +58,8 @@ cdef class DeviceAllocator:
     cdef int process_events(self, bint wait) except -1
     cdef void record_stream_frees(self) noexcept
     cdef Block* new_segment(self, size_t rsize, uintptr_t stream, Pool pool, bint small) except NULL
+    cdef cydriver.CUresult _reserve(self, cydriver.CUdeviceptr* ptr, size_t size, Pool pool) except? cydriver.CUDA_ERROR_UNKNOWN
+    cdef int _give_back(self, cydriver.CUdeviceptr ptr, Pool pool) except -1
     cdef int release_cached(self) except -1
     cdef int free_segments(self, Pool pool) except -1
     cdef void maybe_release(self, Pool pool) noexcept

@@ -29,16 +29,14 @@ from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport MAX_DEVICES, check, count_open_capture, open_capture_count, validate_device
 from tensorplay._driver.stream cimport current_stream_handle
+from tensorplay._driver.teardown cimport destroy_must_wait, run_deferred
 from tensorplay._memory.pool cimport ALL, LARGE, SMALL, SMALL_SIZE, kind_of, round_size, segment_size
+from tensorplay._memory.routing cimport CaptureRoutes, deferral_of, innermost_capture
 
 from tensorplay._driver.context import OutOfMemoryError
 from tensorplay._memory.backend import DriverBackend
 from tensorplay._memory.units import format_bytes
 
-import itertools
-import threading
-
-cdef object _capture_serials = itertools.count(1)
 cdef set _sleepable_ids = set()              # pool ids whose segments can sleep (every device)
 
 
@@ -55,7 +53,6 @@ def make_sleepable(long long pool_id):
 
 def is_sleepable(long long pool_id):
     return pool_id in _sleepable_ids
-cdef object _tls = threading.local()         # .captures: this thread's open captures, innermost last
 
 
 cdef inline void stat_add(Stat* s, int kind, long long delta) noexcept:
@@ -71,29 +68,14 @@ cdef inline void stat_add(Stat* s, int kind, long long delta) noexcept:
             s[i].freed -= delta
 
 
-cdef list _thread_captures():
-    stack = getattr(_tls, "captures", None)
-    if stack is None:
-        stack = []
-        _tls.captures = stack
-    return stack
-
-
 cdef int c_note_capture_use(object storage) except -1:
     """Called wherever a device pointer leaves a tensor while a capture is open:
     the innermost capture of this thread keeps ``storage`` alive if it comes
     from outside its pool, and marks a pool block used on another stream."""
-    cdef CaptureState st
     cdef DeviceAllocation da
-    cdef list stack = getattr(_tls, "captures", None)
-    if not stack:
+    cdef CaptureState st = innermost_capture()
+    if st is None:
         return 0
-    st = <CaptureState>stack[len(stack) - 1]
-    while st.ended:                       # ended from another thread (the collector)
-        stack.pop()
-        if not stack:
-            return 0
-        st = <CaptureState>stack[len(stack) - 1]
     if type(storage) is DeviceAllocation:
         da = <DeviceAllocation>storage
         if da.pool is st.pool:
@@ -121,7 +103,7 @@ cdef class DeviceAllocator:
         self.backend = backend if backend is not None else DriverBackend(device)
         self.default_pool = Pool(0, device)
         self.pools = {0: self.default_pool}
-        self.captures = {}
+        self.routes = CaptureRoutes()
         self.freeable = set()
         self.alloc_seq = 0
 
@@ -208,9 +190,9 @@ cdef class DeviceAllocator:
             return
         if p.graph_refs > 0:
             p.graph_refs -= 1
-        if p.graph_refs == 0:
+        if p.graph_refs == 0 and replay_streams and not destroy_must_wait():
             for h in replay_streams:
-                if open_capture_count() > 0 or self._stream_capturing(h):
+                if self._stream_capturing(h):
                     continue               # cuMemFree's implicit synchronization still holds
                 try:
                     ev = self._event_on(h)
@@ -240,7 +222,7 @@ cdef class DeviceAllocator:
         if pool.id == 0 or pool.graph_refs > 0 or pool.live_blocks > 0 or pool.held_blocks > 0 \
                 or pool.capture is not None:
             return
-        if open_capture_count() > 0:
+        if destroy_must_wait():          # cuMemFree would break a capture (or is the driver's thread)
             self.freeable.add(pool.id)
             return
         self.freeable.discard(pool.id)
@@ -268,7 +250,6 @@ cdef class DeviceAllocator:
         ``pool_id`` and return the capture's state. ``track``: this thread's
         pointer uses register with it (note_capture_use)."""
         cdef Pool pool = self.get_pool(pool_id)
-        cdef CaptureState st
         if pool.asleep:
             raise PoolAsleepError(f"capture_begin: memory pool {pool_id} is asleep (its memory was given back "
                                   f"by sleep()); wake() it before capturing into it")
@@ -278,51 +259,29 @@ cdef class DeviceAllocator:
                 f"capture_begin: memory pool {pool_id} is already being captured into (capture "
                 f"{other.capture_id} on stream {other.stream:#x}, thread {other.thread}); a pool takes "
                 f"one capture at a time: end that capture first, or capture into another pool")
-        st = CaptureState.__new__(CaptureState)
-        st.pool = pool
-        st.capture_id = capture_id
-        st.stream = stream
-        st.serial = next(_capture_serials)
-        st.bodies = []
-        st.aliases = {}
-        st.keepalive = {}
-        st.scratch = {}
-        st.thread = threading.get_ident()
-        st.ended = False
-        pool.capture = st
-        self.captures[capture_id] = st
+        run_deferred()                       # what died since the last capture, while none is open
+        st = self.routes.begin(pool, capture_id, stream, track)
         if pool.sleepable:
             self.backend.route_capture(capture_id, pool_id)    # other libraries' segments join the pool
         count_open_capture(1)
-        if track:
-            _thread_captures().append(st)
         return st
 
     def begin_body(self, CaptureState st not None, uintptr_t stream, unsigned long long capture_id):
         """A conditional body of ``st`` starts capturing on ``stream``."""
-        cdef BodyFrame f = BodyFrame.__new__(BodyFrame)
-        f.stream = stream
-        f.capture_id = capture_id
-        f.open_seq = self.alloc_seq
-        st.bodies.append(f)
-        st.aliases[stream] = st.stream
-        self.captures[capture_id] = st
+        self.routes.begin_body(st, stream, capture_id, self.alloc_seq)
         if st.pool.sleepable:
             self.backend.route_capture(capture_id, st.pool.id)
 
     def end_body(self, CaptureState st not None):
         """The innermost body of ``st`` ended: its deferred blocks become reusable."""
-        if not st.bodies:
-            return
-        cdef BodyFrame f = <BodyFrame>st.bodies.pop()
-        self._close_body(st, f)
+        if st.bodies:
+            self._close_body(st, <BodyFrame>st.bodies.pop())
 
     cdef void _close_body(self, CaptureState st, BodyFrame f) noexcept:
         cdef Block* b
         cdef vector[Block*] deferred
-        self.captures.pop(f.capture_id, None)
+        self.routes.end_body(st, f)
         self.backend.unroute_capture(f.capture_id)
-        st.aliases.pop(f.stream, None)
         deferred.swap(f.deferred)
         for b in deferred:
             self.release_hold(b)
@@ -330,30 +289,22 @@ cdef class DeviceAllocator:
     def end_capture(self, CaptureState st not None):
         """End ``st`` (also with bodies still open: an aborted capture): stop
         routing, make its deferred blocks reusable, and return the storages
-        from outside its pool that it used."""
+        from outside its pool that it used. The last capture to end runs what
+        waited for no capture (record_stream events, pools to free, teardown)."""
         cdef Block* b
+        cdef vector[Block*] deferred
         if st.ended:
             return {}
         while st.bodies:
             self._close_body(st, <BodyFrame>st.bodies.pop())
-        self.captures.pop(st.capture_id, None)
+        self.routes.end(st)
         self.backend.unroute_capture(st.capture_id)
-        st.ended = True
-        st.pool.capture = None
         count_open_capture(-1)
-        # freed after the end: back to the pool, for later captures sharing it
-        st.scratch = {}
-        cdef vector[Block*] deferred
-        deferred.swap(st.deferred)
+        deferred.swap(st.deferred)          # freed after the end: back to the pool, for later captures
         for b in deferred:
             self.release_hold(b)
-        stack = getattr(_tls, "captures", None)
-        if stack:
-            for k in range(len(stack) - 1, -1, -1):
-                if stack[k] is st:
-                    del stack[k]
-                    break
         if open_capture_count() == 0:
+            run_deferred()
             for a in [self] + [x for x in device_allocators() if x is not self]:
                 (<DeviceAllocator>a).record_stream_frees()
                 (<DeviceAllocator>a).release_freeable()
@@ -364,19 +315,17 @@ cdef class DeviceAllocator:
 
     @property
     def open_captures(self):
-        return len({id(s) for s in self.captures.values()})
+        return len(self.routes)
 
     def capture_scratch(self, uintptr_t stream, key, size_t nbytes):
         """Memory of ``nbytes`` that the capture ``stream`` captures into keeps
         under ``key`` until it ends (a body's stream shares its root's), from
         the capture's pool; None when ``stream`` captures into none of ours."""
-        cdef CaptureState st
-        if not self.captures:
+        if not self.routes.captures:
             return None
-        obj = self.captures.get(self.backend.capture_id(stream))
-        if obj is None:
+        st = self.routes.state_of(self.backend.capture_id(stream))
+        if st is None:
             return None
-        st = <CaptureState>obj
         k = (key, st.key_stream(stream), nbytes)
         mem = st.scratch.get(k)
         if mem is None:
@@ -387,18 +336,14 @@ cdef class DeviceAllocator:
         """The pool an allocation on ``stream`` comes from (a capture's pool
         when ``stream`` captures into it), and the stream its block is keyed by."""
         cdef CaptureState st
-        cdef unsigned long long cid
         key[0] = stream
-        if not self.captures:
+        if not self.routes.captures:
             return self.default_pool
-        cid = self.backend.capture_id(stream)
-        if cid:
-            obj = self.captures.get(cid)
-            if obj is not None:
-                st = <CaptureState>obj
-                key[0] = st.key_stream(stream)
-                return st.pool
-        return self.default_pool
+        st = self.routes.state_of(self.backend.capture_id(stream))
+        if st is None:
+            return self.default_pool
+        key[0] = st.key_stream(stream)
+        return st.pool
 
     # -------------------------------------------------------------- events
 
@@ -408,7 +353,7 @@ cdef class DeviceAllocator:
         cdef vector[PendingEvent] todo
         cdef vector[PendingEvent] still
         cdef PendingEvent e
-        if self.pending.empty() or open_capture_count() > 0:
+        if self.pending.empty() or destroy_must_wait():
             return 0
         todo.swap(self.pending)
         for e in todo:
@@ -427,7 +372,7 @@ cdef class DeviceAllocator:
         cdef vector[StreamHold] todo
         cdef StreamHold h
         cdef uintptr_t ev
-        if self.stream_holds.empty() or open_capture_count() > 0:
+        if self.stream_holds.empty() or destroy_must_wait():
             return
         todo.swap(self.stream_holds)
         for h in todo:
@@ -463,13 +408,11 @@ cdef class DeviceAllocator:
         cdef size_t rsize = round_size(size)
         cdef bint small = rsize <= <size_t>SMALL_SIZE
         cdef Block* b
-        if open_capture_count() == 0:
-            if not self.pending.empty():
-                self.process_events(False)
-            if not self.stream_holds.empty():
-                self.record_stream_frees()
-            if self.freeable:
-                self.release_freeable()
+        if (not self.pending.empty() or not self.stream_holds.empty() or self.freeable) \
+                and not destroy_must_wait():
+            self.process_events(False)
+            self.record_stream_frees()
+            self.release_freeable()
         b = pool.find_free(rsize, stream, small)
         if b == NULL:
             b = self.new_segment(rsize, stream, pool, small)
@@ -496,18 +439,13 @@ cdef class DeviceAllocator:
         if pool.sleepable:
             g = self.backend.granularity()
             seg = (seg + g - 1) // g * g
-            r = self.backend.map_segment(&ptr, seg, pool.id)
-        else:
-            r = self.backend.malloc(&ptr, seg)
-        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY and open_capture_count() == 0:
+        r = self._reserve(&ptr, seg, pool)
+        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY and not destroy_must_wait():
             # free what the cache holds and try once more (never under a
             # capture: cuMemFree would break it)
             self.n_alloc_retries += 1
             self.release_cached()
-            if pool.sleepable:
-                r = self.backend.map_segment(&ptr, seg, pool.id)
-            else:
-                r = self.backend.malloc(&ptr, seg)
+            r = self._reserve(&ptr, seg, pool)
         if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
             self.n_ooms += 1
             free_b, total_b = self.backend.mem_info()
@@ -521,15 +459,27 @@ cdef class DeviceAllocator:
         check(r)
         cdef Block* b = pool.add_segment(ptr, seg, stream, small)
         if b == NULL:
-            if pool.sleepable:
-                self.backend.free_mapped(ptr)
-            else:
-                self.backend.free(ptr)
+            self._give_back(ptr, pool)
             raise MemoryError()
         stat_add(self.st_segment, kind_of(b), 1)
         stat_add(self.st_reserved_bytes, kind_of(b), seg)
         self.n_device_alloc += 1
         return b
+
+    cdef cydriver.CUresult _reserve(self, cydriver.CUdeviceptr* ptr, size_t size, Pool pool) except? cydriver.CUDA_ERROR_UNKNOWN:
+        """A new segment of ``pool``: sleepable (mapped under a reserved
+        range, tensorplay._memory.vmm) or plain (cuMemAlloc)."""
+        if pool.sleepable:
+            return self.backend.map_segment(ptr, size, pool.id)
+        return self.backend.malloc(ptr, size)
+
+    cdef int _give_back(self, cydriver.CUdeviceptr ptr, Pool pool) except -1:
+        """Return a segment of ``pool`` to the device (the pair of _reserve)."""
+        if pool.sleepable:
+            self.backend.free_mapped(ptr)
+        else:
+            self.backend.free(ptr)
+        return 0
 
     cdef void _hold(self, Block* b, Pool pool) noexcept:
         if b.holds == 0:
@@ -539,8 +489,7 @@ cdef class DeviceAllocator:
     cdef void free_block(self, Block* b, Pool pool, object recorded) noexcept:
         """A live block was freed: reusable now, after events, or after its
         capture or body ends (see the module docstring)."""
-        cdef CaptureState st
-        cdef BodyFrame f
+        cdef vector[Block*]* wait
         cdef uintptr_t ev
         b.allocated = False
         pool.live_blocks -= 1
@@ -554,7 +503,7 @@ cdef class DeviceAllocator:
             # neighbour freed by another thread meanwhile must not absorb b.
             self._hold(b, pool)
             for h in recorded:
-                if open_capture_count() > 0 or self._stream_capturing(<uintptr_t>h):
+                if destroy_must_wait() or self._stream_capturing(<uintptr_t>h):
                     self._hold(b, pool)          # recorded once no capture is open
                     self.stream_holds.push_back(StreamHold(b, <uintptr_t>h))
                     continue
@@ -571,18 +520,12 @@ cdef class DeviceAllocator:
             if b.holds > 0:
                 return
             pool.held_blocks -= 1
-        st = pool.capture
-        if st is not None:
-            if b.cross_capture == st.serial:
+        if pool.capture is not None:
+            wait = deferral_of(pool.capture, b)
+            if wait != NULL:                    # reusable when the capture or a body ends
                 self._hold(b, pool)
-                st.deferred.push_back(b)
+                wait.push_back(b)
                 return
-            for obj in st.bodies:               # outermost first
-                f = <BodyFrame>obj
-                if b.alloc_seq <= f.open_seq:
-                    self._hold(b, pool)
-                    f.deferred.push_back(b)
-                    return
         self._make_reusable(b, pool)
 
     cdef void release_hold(self, Block* b) noexcept:
@@ -651,10 +594,7 @@ cdef class DeviceAllocator:
         first_error = None
         for b in whole:
             try:
-                if pool.sleepable:
-                    self.backend.free_mapped(b.ptr)
-                else:
-                    self.backend.free(b.ptr)
+                self._give_back(b.ptr, pool)
                 self.n_device_free += 1
             except BaseException as exc:
                 first_error = first_error or exc

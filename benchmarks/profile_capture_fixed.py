@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The fixed host cost of one capture, and where it goes (issue 42).
+
+Runs on the GPU machine, from ``benchmarks/``::
+
+    python profile_capture_fixed.py [--repeats 200] [--top 30]
+
+Each case runs in a fresh process, so what is imported is exactly what the
+case names: capture + instantiate of 1 and 100 in-place adds (median host
+us) with torch not imported, torch imported and foreign capture off, and on
+(the default); CuPy imported too; PyTorch's own capture of the same in the
+same process. Then a cProfile of the default case (torch imported, foreign
+capture on), sorted by own time: what a capture pays for following PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+CASE = r"""
+import json, statistics, sys, time
+imports, foreign, repeats, profile = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+torch = None
+if "torch" in imports:
+    import torch
+    torch.zeros(1, device="cuda").add_(1)
+if "cupy" in imports:
+    import cupy
+    cupy.zeros(1).sum()
+import tensorplay as tp
+if foreign != "default":
+    tp.cuda.set_foreign_capture(foreign == "on")
+x = tp.zeros(1, device="cuda")
+x.add_(1)
+
+def capture(n):
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        for _ in range(n):
+            x.add_(1)
+    return g
+
+out = {}
+for n in (1, 100):
+    for _ in range(20):
+        capture(n).reset()
+    per = []
+    for _ in range(repeats):
+        tp.cuda.synchronize()
+        t0 = time.perf_counter()
+        g = capture(n)
+        per.append((time.perf_counter() - t0) * 1e6)
+        g.reset()
+        del g
+    out[f"tensorplay {n}"] = statistics.median(per)
+    if torch is not None:
+        tx = torch.zeros(1, device="cuda")
+        per = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            tg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(tg):
+                for _ in range(n):
+                    tx.add_(1)
+            per.append((time.perf_counter() - t0) * 1e6)
+            del tg
+        out[f"torch {n}"] = statistics.median(per)
+if profile:
+    import cProfile, io, pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(repeats):
+        capture(1).reset()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(int(sys.argv[5]))
+    out["profile"] = s.getvalue()
+print("RESULT" + json.dumps(out))
+"""
+
+
+def run_case(imports, foreign, repeats, profile=False, top=30):
+    p = subprocess.run([sys.executable, "-c", CASE, imports, foreign, str(repeats), "1" if profile else "0", str(top)],
+                       capture_output=True, text=True)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return json.loads(line[6:])
+    raise RuntimeError(f"case {imports}/{foreign} failed:\n{p.stdout}\n{p.stderr}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    cases = [("none", "default"), ("torch", "off"), ("torch", "on"), ("torch+cupy", "on")]
+    print(f"{'imported':12} {'foreign':8} {'tp 1 op':>9} {'tp 100':>9} {'torch 1':>9} {'torch 100':>9}  (median host us)")
+    for imports, foreign in cases:
+        r = run_case(imports, foreign, args.repeats)
+        print(f"{imports:12} {foreign:8} {r['tensorplay 1']:9.1f} {r['tensorplay 100']:9.1f} "
+              f"{r.get('torch 1', float('nan')):9.1f} {r.get('torch 100', float('nan')):9.1f}")
+    r = run_case("torch", "on", args.repeats, profile=True, top=args.top)
+    print("\ncProfile of", args.repeats, "one-op captures, torch imported, foreign capture on:")
+    print(r["profile"])
+
+
+if __name__ == "__main__":
+    main()
