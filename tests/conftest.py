@@ -55,6 +55,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
         if _XDIST_WORKER and item.get_closest_marker("serial"):
             item.add_marker(skip_serial)
+    # TENSORPLAY_TEST_SHUFFLE=SEED runs the tests in a seeded random order (the
+    # same in every pytest-xdist worker): what an earlier test leaves behind
+    # must not break a later one
+    seed = os.environ.get("TENSORPLAY_TEST_SHUFFLE")
+    if seed:
+        import random
+        random.Random(seed).shuffle(items)
+
+
+def pytest_report_collectionfinish(config, items):
+    seed = os.environ.get("TENSORPLAY_TEST_SHUFFLE")
+    return f"tests shuffled with seed {seed!r} (TENSORPLAY_TEST_SHUFFLE)" if seed else None
 
 
 def pytest_sessionfinish(session):
