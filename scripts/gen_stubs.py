@@ -84,12 +84,11 @@ from typing import Any, SupportsIndex, overload
 import numpy.typing as npt
 
 from tensorplay import return_types
-from tensorplay._device import device
+from tensorplay._device import DeviceLike, device
 from tensorplay._driver.stream import Stream
 from tensorplay._dtypes import dtype
-from tensorplay._random.generator import Generator
+from tensorplay._tensor.aliases import Activation, DTypeLike, Dims, GeneratorLike, Number
 from tensorplay._tensor.base import TensorBase
-from tensorplay.types import Activation, DTypeLike, DeviceLike, Dims, Number, TensorOrNumber
 
 __all__ = ["Tensor", "new_cpu", "new_cuda", "empty_cuda", "empty_host", "view_of", "as_source", "is_literal",
            "copy_into", "host_to_cuda", "rebuild_tensor"]
@@ -229,8 +228,8 @@ METHOD_FUNCTIONS = {
     "amin": [(f"dim: Dims = None, {_KEEP}, *, {_OUT}", "Tensor")],
     "all": [(f"dim: Dims = None, {_KEEP}, *, {_OUT}", "Tensor")],
     "any": [(f"dim: Dims = None, {_KEEP}, *, {_OUT}", "Tensor")],
-    "max": [(f"dim: None = None, {_KEEP}", "Tensor"), (f"dim: builtins.int, {_KEEP}", "return_types.max")],
-    "min": [(f"dim: None = None, {_KEEP}", "Tensor"), (f"dim: builtins.int, {_KEEP}", "return_types.min")],
+    "max": [(f"dim: None = None, {_KEEP}", "Tensor"), (f"dim: builtins.int, {_KEEP}", "return_types.max[Tensor]")],
+    "min": [(f"dim: None = None, {_KEEP}", "Tensor"), (f"dim: builtins.int, {_KEEP}", "return_types.min[Tensor]")],
     "argmax": [(f"dim: builtins.int | None = None, {_KEEP}", "Tensor")],
     "argmin": [(f"dim: builtins.int | None = None, {_KEEP}", "Tensor")],
     "mean": [(f"dim: Dims = None, {_KEEP}, *, dtype: DTypeLike = None, {_OUT}", "Tensor")],
@@ -342,7 +341,16 @@ def generate_tensor():
         out.extend(_defs(name, "self", overloads, "    "))
     out.append("")
     out.append(TENSOR_MODULE_FUNCS)
-    return "\n".join(out)
+    return _for_tensor_stub("\n".join(out))
+
+
+def _for_tensor_stub(text):
+    """The Tensor stub imports neither tensorplay.types nor the random
+    generators (both import Tensor: an import circle, if only for typing):
+    their aliases spelled out, a generator typed by its protocol."""
+    head, sep, body = text.partition(TENSOR_HEADER)
+    return head + sep + body.replace("TensorOrNumber", "Tensor | Number").replace(
+        "generator: Generator | None", "generator: GeneratorLike | None")
 
 
 def generate():

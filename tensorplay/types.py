@@ -14,14 +14,12 @@ stream). Use them in your own annotations::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal, Protocol, TypeAlias, Union
 
-import numpy as np
-
 from tensorplay._device import DeviceLike as _DeviceLike
-from tensorplay._dtypes import dtype
 from tensorplay._driver.stream import Stream
+from tensorplay._driver.stream_protocols import HasCudaStream, SupportsCudaStream
+from tensorplay._tensor import aliases as _aliases
 from tensorplay._tensor.tensor import Tensor
 
 __all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", "HasCudaStream", "HasPoolId", "Number",
@@ -29,7 +27,7 @@ __all__ = ["Activation", "CaptureErrorMode", "DTypeLike", "DeviceLike", "Dims", 
            "TensorLike", "TensorOrNumber"]
 
 #: A Python scalar operand: ``bool``, ``int`` or ``float``.
-Number: TypeAlias = bool | int | float
+Number: TypeAlias = _aliases.Number
 
 #: An operand of the elementwise operations: a tensor or a Python scalar.
 TensorOrNumber: TypeAlias = Union[Tensor, bool, int, float]
@@ -40,32 +38,13 @@ DeviceLike: TypeAlias = _DeviceLike
 
 #: A dtype: a :class:`tensorplay.dtype`, its name (``"float16"``), a NumPy
 #: dtype, a Python type (``bool``, ``int``, ``float``), or None (the default).
-DTypeLike: TypeAlias = dtype | str | type | np.dtype[Any] | None
+DTypeLike: TypeAlias = _aliases.DTypeLike
 
 #: A shape: one int or a sequence of ints.
-Size: TypeAlias = int | Sequence[int]
+Size: TypeAlias = _aliases.Size
 
 #: The dimensions a reduction runs over: one, several, or None (all).
-Dims: TypeAlias = int | Sequence[int] | None
-
-
-class SupportsCudaStream(Protocol):
-    """An object exporting a CUDA stream through the CUDA stream protocol
-    (``__cuda_stream__() -> (version, handle)``), as ``cuda.core`` streams do."""
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        """Return ``(version, handle)``: the protocol version (0) and the ``CUstream``."""
-        ...
-
-
-class HasCudaStream(Protocol):
-    """An object holding a CUDA stream handle in a ``cuda_stream`` attribute,
-    as ``torch.cuda.Stream`` does."""
-
-    @property
-    def cuda_stream(self) -> int:
-        """The ``CUstream`` handle as an int."""
-        ...
+Dims: TypeAlias = _aliases.Dims
 
 
 #: A stream: a :class:`tensorplay.cuda.Stream`, an object exporting one
@@ -80,7 +59,7 @@ CaptureErrorMode: TypeAlias = Literal["global", "thread_local", "relaxed"]
 
 #: The activation fused into a matrix product (:func:`tensorplay.linear`,
 #: :func:`tensorplay.addmm`): ``"relu"``, ``"gelu"`` (the tanh approximation) or None.
-Activation: TypeAlias = Literal["relu", "gelu"] | None
+Activation: TypeAlias = _aliases.Activation
 
 
 class SupportsDLPack(Protocol):

@@ -37,7 +37,7 @@ from tensorplay._kernels.philox import DEFAULT_SEED
 
 if TYPE_CHECKING:
     from tensorplay._memory.allocator import DeviceAllocation
-    from tensorplay.types import DeviceLike
+    from tensorplay._device import DeviceLike
 
 __all__ = ["Generator", "DefaultGenerators", "default_generator", "default_generators", "manual_seed", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "generator_for", "default_cuda_generator",

@@ -187,13 +187,28 @@ def _cython_imports(path, base):
     return found
 
 
+def _stub_imports(path, base):
+    """The imports of a type stub (.pyi): all for typing only."""
+    return [dataclasses.replace(i, where="typing") for i in _py_imports(path, base) if i.where != "function"]
+
+
 def source_files(root=ROOT, src=SRC):
     """(module, file shown in messages, path, imports) of every source file:
-    the .py under ``root`` and the .pyx and .pxd under ``src`` (if given)."""
+    the .py and the type stubs (.pyi, typing-only imports) under ``root``,
+    the .pyx and .pxd under ``src`` (if given) with the stubs beside them
+    that ``root`` lacks (a build in place installs none)."""
     out = []
     for path in sorted(root.rglob("*.py")):
         out.append((_module_name(path, root.parent), path.relative_to(root.parent).as_posix(), path,
                     _py_imports(path, root.parent)))
+    stubs = {}
+    if src is not None:
+        for path in sorted(src.rglob("*.pyi")):
+            stubs[_module_name(path, src.parent)] = (path, src.parent, src.parent.parent)
+    for path in sorted(root.rglob("*.pyi")):
+        stubs[_module_name(path, root.parent)] = (path, root.parent, root.parent)
+    for module, (path, base, shown) in sorted(stubs.items()):
+        out.append((module, path.relative_to(shown).as_posix(), path, _stub_imports(path, base)))
     if src is not None:
         for path in sorted([*src.rglob("*.pyx"), *src.rglob("*.pxd")]):
             out.append((_module_name(path, src.parent), path.relative_to(src.parent.parent).as_posix(), path,

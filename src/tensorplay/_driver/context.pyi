@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 from typing import Any
 
-from tensorplay.types import DeviceLike
+from tensorplay._device import DeviceLike
 
 class CudaError(RuntimeError):
     code: int

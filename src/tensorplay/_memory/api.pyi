@@ -2,7 +2,7 @@
 from typing import Any
 
 from tensorplay._memory.allocator import DeviceAllocator
-from tensorplay.types import DeviceLike
+from tensorplay._device import DeviceLike
 
 def graph_pool_handle(sleepable: bool = False) -> int: ...
 def sleep_pool(pool_id: int) -> int: ...
