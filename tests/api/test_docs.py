@@ -127,7 +127,7 @@ def test_api_signatures_show_types_and_no_self(html):
                 "out: Tensor | None = None) \u2192 Tensor",
                 "replay(stream: StreamLike | None = None) \u2192 None",
                 "numel() \u2192 int",
-                "tensorplay.max(input: Tensor, dim: int, keepdim: bool = False) \u2192 max",
+                "tensorplay.max(input: Tensor, dim: int, keepdim: bool = False) \u2192 max[Tensor]",
                 "class tensorplay.cuda.Stream(device: DeviceLike = None, priority: int = 0)",
                 "capture_begin(pool: PoolLike = None, capture_error_mode: CaptureErrorMode = 'global', "
                 "stream: StreamLike | None = None, foreign: bool | None = None) \u2192 None"):
