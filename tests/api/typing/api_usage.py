@@ -35,7 +35,7 @@ def creation() -> None:
 
 def reductions(a: tp.Tensor) -> None:
     assert_type(tp.max(a), tp.Tensor)
-    assert_type(tp.max(a, 0), tp.return_types.max)
+    assert_type(tp.max(a, 0), tp.return_types.max[tp.Tensor])
     assert_type(tp.max(input=a, dim=1, keepdim=True).values, tp.Tensor)
     assert_type(a.min(dim=0).indices, tp.Tensor)
     assert_type(a.min(), tp.Tensor)
