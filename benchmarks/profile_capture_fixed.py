@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -57,18 +58,8 @@ for n in (1, 100):
         del g
     out[f"tensorplay {n}"] = statistics.median(per)
     if torch is not None:
-        tx = torch.zeros(1, device="cuda")
-        per = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            tg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(tg):
-                for _ in range(n):
-                    tx.add_(1)
-            per.append((time.perf_counter() - t0) * 1e6)
-            del tg
-        out[f"torch {n}"] = statistics.median(per)
+        from tpbench.capture import torch_capture_us
+        out[f"torch {n}"] = torch_capture_us(torch, n, repeats)
 if profile:
     import cProfile, io, pstats
     pr = cProfile.Profile()
@@ -85,7 +76,7 @@ print("RESULT" + json.dumps(out))
 
 def run_case(imports, foreign, repeats, profile=False, top=30):
     p = subprocess.run([sys.executable, "-c", CASE, imports, foreign, str(repeats), "1" if profile else "0", str(top)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
     for line in p.stdout.splitlines():
         if line.startswith("RESULT"):
             return json.loads(line[6:])

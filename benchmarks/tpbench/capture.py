@@ -39,19 +39,25 @@ def capture_rows(sizes, repeats, torch):
 
         @guarded("capture", case, "PyTorch capture+instantiate")
         def _torch():
-            tx = torch.zeros(1, device="cuda")
-            tx.add_(1)
-            per = []
-            for _ in range(repeats):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                tg = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(tg):
-                    for _ in range(n):
-                        tx.add_(1)
-                per.append((time.perf_counter() - t0) * 1e6)
-                del tg
-            record("capture", case, "PyTorch capture+instantiate", statistics.median(per))
+            record("capture", case, "PyTorch capture+instantiate", torch_capture_us(torch, n, repeats))
+
+
+def torch_capture_us(torch, n, repeats):
+    """Median host us of PyTorch's capture + instantiate of n in-place adds
+    on a one-element tensor (the same work as tensorplay's row)."""
+    tx = torch.zeros(1, device="cuda")
+    tx.add_(1)
+    per = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        tg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(tg):
+            for _ in range(n):
+                tx.add_(1)
+        per.append((time.perf_counter() - t0) * 1e6)
+        del tg
+    return statistics.median(per)
 
 
 def recapture_rows(sizes, repeats):
