@@ -65,7 +65,7 @@ if profile:
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(repeats):
-        capture(1).reset()
+        capture(int(sys.argv[6])).reset()
     pr.disable()
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(int(sys.argv[5]))
@@ -74,8 +74,9 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def run_case(imports, foreign, repeats, profile=False, top=30):
-    p = subprocess.run([sys.executable, "-c", CASE, imports, foreign, str(repeats), "1" if profile else "0", str(top)],
+def run_case(imports, foreign, repeats, profile=False, top=30, nodes=1):
+    p = subprocess.run([sys.executable, "-c", CASE, imports, foreign, str(repeats), "1" if profile else "0", str(top),
+                        str(nodes)],
                        capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
     for line in p.stdout.splitlines():
         if line.startswith("RESULT"):
@@ -87,6 +88,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--profile-nodes", type=int, default=1, help="ops of each profiled capture (default 1)")
     args = ap.parse_args()
     cases = [("none", "default"), ("torch", "off"), ("torch", "on"), ("torch+cupy", "on")]
     print(f"{'imported':12} {'foreign':8} {'tp 1 op':>9} {'tp 100':>9} {'torch 1':>9} {'torch 100':>9}  (median host us)")
@@ -94,8 +96,8 @@ def main():
         r = run_case(imports, foreign, args.repeats)
         print(f"{imports:12} {foreign:8} {r['tensorplay 1']:9.1f} {r['tensorplay 100']:9.1f} "
               f"{r.get('torch 1', float('nan')):9.1f} {r.get('torch 100', float('nan')):9.1f}")
-    r = run_case("torch", "on", args.repeats, profile=True, top=args.top)
-    print("\ncProfile of", args.repeats, "one-op captures, torch imported, foreign capture on:")
+    r = run_case("torch", "on", args.repeats, profile=True, top=args.top, nodes=args.profile_nodes)
+    print(f"\ncProfile of {args.repeats} captures of {args.profile_nodes} op(s), torch imported, foreign capture on:")
     print(r["profile"])
 
 
