@@ -98,10 +98,15 @@ def test_events_time_real_work_and_order_streams():
 
     e = tp.cuda.Event()
     s2 = tp.cuda.Stream()
+    # the fill kernel is loaded before the spin: the first launch of a lazily
+    # loaded kernel may synchronize the context, which would wait out the spin
+    x = tp.zeros(4, device="cuda")
+    with tp.cuda.stream(s2):
+        x.fill_(0)
+    s2.synchronize()
     spin(s, 100_000_000)
     s.record_event(e)
     e.wait(s2)
-    x = tp.zeros(4, device="cuda")
     with tp.cuda.stream(s2):
         x.fill_(1)
     assert s2.query() is False

@@ -453,6 +453,13 @@ cdef class ReplayBase:
         return <uintptr_t>self._cur.handle
 
     @property
+    def graph_handle(self):
+        """The CUgraph the last capture produced, as an int (0 before
+        capture_end); owned by this graph, valid until ``reset``. For interop
+        and benchmarks: instantiate or inspect it with the driver, never destroy it."""
+        return <uintptr_t>self._cur.graph
+
+    @property
     def update_result(self):
         """How the last ``capture_end`` of a re-capture got its executable:
         ``"success"`` (the previous executable was updated in place,

@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where a capture's time goes, phase by phase, beside PyTorch's (issue 42).
+
+Runs on the GPU machine, from ``benchmarks/``::
+
+    python profile_capture_phases.py [--repeats 200] [--nodes 1 10 100]
+
+For n in-place adds on one float, median host us of:
+
+- the whole capture + instantiate through the public API (tensorplay with
+  PDL on and off, PyTorch's ``torch.cuda.graph``);
+- the driver's share, timed on each library's captured graph (tensorplay's
+  ``graph_handle``, PyTorch's ``raw_cuda_graph()``): cuGraphInstantiate,
+  cuGraphUpload, instantiate with the upload flag in one call, and
+  cuGraphExecDestroy;
+- what is left for the library's front end (whole capture minus the
+  driver's instantiate and upload).
+
+A graph with programmatic edges (PDL) may cost the driver more to
+instantiate: the PDL rows answer that on the machine at hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from cuda.bindings import driver
+
+import tensorplay as tp
+
+
+def _check(result):
+    err = result[0] if isinstance(result, tuple) else result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"driver call failed: {err}")
+    return result[1] if isinstance(result, tuple) and len(result) == 2 else None
+
+
+def median_us(fn, repeats):
+    per = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        per.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(per)
+
+
+def driver_phases(graph_handle, stream_handle, repeats):
+    """Median us of instantiate, upload, instantiate+upload flag, destroy on one CUgraph."""
+    graph = driver.CUgraph(graph_handle)
+    stream = driver.CUstream(stream_handle)
+    inst, upload, fused, destroy = [], [], [], []
+    params = driver.CUDA_GRAPH_INSTANTIATE_PARAMS()
+    params.flags = driver.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD
+    params.hUploadStream = stream
+    for _ in range(repeats):
+        _check(driver.cuStreamSynchronize(stream))
+        t0 = time.perf_counter()
+        ex = _check(driver.cuGraphInstantiate(graph, 0))
+        t1 = time.perf_counter()
+        _check(driver.cuGraphUpload(ex, stream))
+        t2 = time.perf_counter()
+        _check(driver.cuStreamSynchronize(stream))
+        t3 = time.perf_counter()
+        _check(driver.cuGraphExecDestroy(ex))
+        t4 = time.perf_counter()
+        ex = _check(driver.cuGraphInstantiateWithParams(graph, params))
+        t5 = time.perf_counter()
+        _check(driver.cuStreamSynchronize(stream))
+        _check(driver.cuGraphExecDestroy(ex))
+        inst.append((t1 - t0) * 1e6)
+        upload.append((t2 - t1) * 1e6)
+        destroy.append((t4 - t3) * 1e6)
+        fused.append((t5 - t4) * 1e6)
+    return {k: statistics.median(v) for k, v in
+            (("instantiate", inst), ("upload", upload), ("instantiate+upload flag", fused), ("exec destroy", destroy))}
+
+
+def tp_capture(x, n):
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        for _ in range(n):
+            x.add_(1)
+    return g
+
+
+def torch_capture(tx, n, keep=False):
+    g = torch.cuda.CUDAGraph(keep_graph=keep) if keep else torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            tx.add_(1)
+    return g
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 10, 100])
+    args = ap.parse_args()
+    x = tp.zeros(1, device="cuda")
+    x.add_(1)
+    tx = torch.zeros(1, device="cuda")
+    tx.add_(1)
+    stream = tp.cuda.Stream()
+    print(f"{'nodes':>5} {'who':22} {'whole':>8} {'inst':>8} {'upload':>8} {'inst+up':>8} {'destroy':>8} "
+          f"{'front end':>9}  (median host us)")
+    for n in args.nodes:
+        rows = []
+        for pdl in (True, False):
+            tp.backends.cuda.pdl.enabled = pdl
+            for _ in range(10):
+                tp_capture(x, n).reset()
+
+            def whole():
+                tp.cuda.synchronize()
+                t0 = time.perf_counter()
+                g = tp_capture(x, n)
+                dt = (time.perf_counter() - t0) * 1e6
+                g.reset()
+                return dt
+            w = statistics.median(whole() for _ in range(args.repeats))
+            g = tp_capture(x, n)
+            ph = driver_phases(g.graph_handle, stream.handle, args.repeats)
+            rows.append((f"tensorplay PDL {'on' if pdl else 'off'}", w, ph))
+            g.reset()
+        tp.backends.cuda.pdl.enabled = True
+        for _ in range(10):
+            torch_capture(tx, n)
+
+        def torch_whole():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            torch_capture(tx, n)
+            return (time.perf_counter() - t0) * 1e6
+        w = statistics.median(torch_whole() for _ in range(args.repeats))
+        tg = torch_capture(tx, n, keep=True)
+        ph = driver_phases(tg.raw_cuda_graph(), stream.handle, args.repeats)
+        rows.append(("PyTorch torch.cuda.graph", w, ph))
+        for who, w, ph in rows:
+            front = w - ph["instantiate"] - (0 if who.startswith("PyTorch") else ph["upload"])
+            print(f"{n:5d} {who:22} {w:8.1f} {ph['instantiate']:8.1f} {ph['upload']:8.1f} "
+                  f"{ph['instantiate+upload flag']:8.1f} {ph['exec destroy']:8.1f} {front:9.1f}")
+    print("front end: the whole capture less the driver's instantiate (and, for tensorplay, upload: "
+          "PyTorch does not upload at capture end)")
+
+
+if __name__ == "__main__":
+    main()
