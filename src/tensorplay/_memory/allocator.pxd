@@ -4,7 +4,7 @@ from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 
 from tensorplay._memory.backend cimport Backend
-from tensorplay._memory.pool cimport Block, BodyFrame, CaptureState, Pool
+from tensorplay._memory.pool cimport Block, BodyFrame, CaptureState, Pool, Stat
 from tensorplay._memory.routing cimport CaptureRoutes
 
 
@@ -16,13 +16,6 @@ cdef struct PendingEvent:
 cdef struct StreamHold:         # a block freed with record_stream during a capture
     Block* block
     uintptr_t stream
-
-
-cdef struct Stat:
-    long long current
-    long long peak
-    long long allocated
-    long long freed
 
 
 cdef class DeviceAllocator:
@@ -56,14 +49,16 @@ cdef class DeviceAllocator:
     cdef bint _synchronize_quietly(self) noexcept
     cdef void _close_body(self, CaptureState st, BodyFrame f) noexcept
     cdef int process_events(self, bint wait) except -1
+    cdef int _process_events_now(self, bint wait) except -1
     cdef void record_stream_frees(self) noexcept
+    cdef void _record_stream_frees_now(self) noexcept
     cdef Block* new_segment(self, size_t rsize, uintptr_t stream, Pool pool, bint small) except NULL
     cdef cydriver.CUresult _reserve(self, cydriver.CUdeviceptr* ptr, size_t size, Pool pool) except? cydriver.CUDA_ERROR_UNKNOWN
     cdef int _give_back(self, cydriver.CUdeviceptr ptr, Pool pool) except -1
     cdef int release_cached(self) except -1
     cdef int free_segments(self, Pool pool) except -1
-    cdef void maybe_release(self, Pool pool) noexcept
-    cdef int release_freeable(self) except -1
+    cdef void maybe_release(self, Pool pool, bint may_tear_down=*) noexcept
+    cdef int release_freeable(self, bint may_tear_down=*) except -1
 
 
 cdef class DeviceAllocation:

@@ -30,7 +30,7 @@ from libcpp.vector cimport vector
 from tensorplay._driver.context cimport MAX_DEVICES, check, count_open_capture, open_capture_count, validate_device
 from tensorplay._driver.stream cimport current_stream_handle
 from tensorplay._driver.teardown cimport destroy_must_wait, run_deferred
-from tensorplay._memory.pool cimport ALL, LARGE, SMALL, SMALL_SIZE, kind_of, round_size, segment_size
+from tensorplay._memory.pool cimport ALL, LARGE, SMALL, SMALL_SIZE, kind_of, round_size, segment_size, stat_add
 from tensorplay._memory.routing cimport CaptureRoutes, deferral_of, innermost_capture
 
 from tensorplay._driver.context import OutOfMemoryError
@@ -53,19 +53,6 @@ def make_sleepable(long long pool_id):
 
 def is_sleepable(long long pool_id):
     return pool_id in _sleepable_ids
-
-
-cdef inline void stat_add(Stat* s, int kind, long long delta) noexcept:
-    """Add ``delta`` to the 'all' entry and to the small or large entry."""
-    cdef int i
-    for i in (ALL, kind):
-        s[i].current += delta
-        if delta > 0:
-            s[i].allocated += delta
-            if s[i].current > s[i].peak:
-                s[i].peak = s[i].current
-        else:
-            s[i].freed -= delta
 
 
 cdef int c_note_capture_use(object storage) except -1:
@@ -217,12 +204,13 @@ cdef class DeviceAllocator:
             raise
         return ev
 
-    cdef void maybe_release(self, Pool pool) noexcept:
-        """Give an unused private pool's segments back and forget the pool."""
+    cdef void maybe_release(self, Pool pool, bint may_tear_down=False) noexcept:
+        """Give an unused private pool's segments back and forget the pool
+        (``may_tear_down``: the caller already asked destroy_must_wait())."""
         if pool.id == 0 or pool.graph_refs > 0 or pool.live_blocks > 0 or pool.held_blocks > 0 \
                 or pool.capture is not None:
             return
-        if destroy_must_wait():          # cuMemFree would break a capture (or is the driver's thread)
+        if not may_tear_down and destroy_must_wait():   # cuMemFree would break a capture
             self.freeable.add(pool.id)
             return
         self.freeable.discard(pool.id)
@@ -233,13 +221,15 @@ cdef class DeviceAllocator:
         if pool.segments == 0 and self.pools.get(pool.id) is pool:
             del self.pools[pool.id]
 
-    cdef int release_freeable(self) except -1:
+    cdef int release_freeable(self, bint may_tear_down=False) except -1:
         cdef Pool p
+        if not self.freeable or (not may_tear_down and destroy_must_wait()):
+            return 0
         for pid in list(self.freeable):
             self.freeable.discard(pid)
             p = self.pools.get(pid)
             if p is not None:
-                self.maybe_release(p)
+                self.maybe_release(p, True)
         return 0
 
     # -------------------------------------------------------------- captures
@@ -350,11 +340,15 @@ cdef class DeviceAllocator:
     cdef int process_events(self, bint wait) except -1:
         """Make blocks whose record_stream events completed reusable (never
         while a capture is open: a query would break it)."""
+        if self.pending.empty() or destroy_must_wait():
+            return 0
+        return self._process_events_now(wait)
+
+    cdef int _process_events_now(self, bint wait) except -1:
+        """process_events once the caller knows no capture forbids the queries."""
         cdef vector[PendingEvent] todo
         cdef vector[PendingEvent] still
         cdef PendingEvent e
-        if self.pending.empty() or destroy_must_wait():
-            return 0
         todo.swap(self.pending)
         for e in todo:
             if self.backend.event_done(e.event, wait):
@@ -369,11 +363,15 @@ cdef class DeviceAllocator:
     cdef void record_stream_frees(self) noexcept:
         """Record the end-of-use events of blocks freed with record_stream
         during a capture, now that none is open."""
+        if self.stream_holds.empty() or destroy_must_wait():
+            return
+        self._record_stream_frees_now()
+
+    cdef void _record_stream_frees_now(self) noexcept:
+        """record_stream_frees once the caller knows teardown may run."""
         cdef vector[StreamHold] todo
         cdef StreamHold h
         cdef uintptr_t ev
-        if self.stream_holds.empty() or destroy_must_wait():
-            return
         todo.swap(self.stream_holds)
         for h in todo:
             if open_capture_count() > 0 or self._stream_capturing(h.stream):
@@ -409,10 +407,12 @@ cdef class DeviceAllocator:
         cdef bint small = rsize <= <size_t>SMALL_SIZE
         cdef Block* b
         if (not self.pending.empty() or not self.stream_holds.empty() or self.freeable) \
-                and not destroy_must_wait():
-            self.process_events(False)
-            self.record_stream_frees()
-            self.release_freeable()
+                and not destroy_must_wait():           # asked once: the probe of other libraries costs
+            if not self.pending.empty():
+                self._process_events_now(False)
+            if not self.stream_holds.empty():
+                self._record_stream_frees_now()
+            self.release_freeable(True)
         b = pool.find_free(rsize, stream, small)
         if b == NULL:
             b = self.new_segment(rsize, stream, pool, small)
@@ -491,6 +491,7 @@ cdef class DeviceAllocator:
         capture or body ends (see the module docstring)."""
         cdef vector[Block*]* wait
         cdef uintptr_t ev
+        cdef bint must_wait
         b.allocated = False
         pool.live_blocks -= 1
         pool.allocated_bytes -= b.size
@@ -502,8 +503,9 @@ cdef class DeviceAllocator:
             # A guard hold first: the driver calls below release the GIL, and a
             # neighbour freed by another thread meanwhile must not absorb b.
             self._hold(b, pool)
+            must_wait = destroy_must_wait()
             for h in recorded:
-                if destroy_must_wait() or self._stream_capturing(<uintptr_t>h):
+                if must_wait or self._stream_capturing(<uintptr_t>h):
                     self._hold(b, pool)          # recorded once no capture is open
                     self.stream_holds.push_back(StreamHold(b, <uintptr_t>h))
                     continue

@@ -21,6 +21,26 @@ cdef enum:
     LARGE = 2
 
 
+cdef struct Stat:               # one of PyTorch's statistics, per kind [ALL, SMALL, LARGE]
+    long long current
+    long long peak
+    long long allocated
+    long long freed
+
+
+cdef inline void stat_add(Stat* s, int kind, long long delta) noexcept:
+    """Add ``delta`` to the 'all' entry and to the small or large entry."""
+    cdef int i
+    for i in (ALL, kind):
+        s[i].current += delta
+        if delta > 0:
+            s[i].allocated += delta
+            if s[i].current > s[i].peak:
+                s[i].peak = s[i].current
+        else:
+            s[i].freed -= delta
+
+
 cdef inline size_t round_size(size_t n) noexcept nogil:
     if n < <size_t>ROUND:
         return ROUND
