@@ -23,6 +23,7 @@ cdef class Executable:
 
     cdef object update(self, cydriver.CUgraph g)
     cdef void take_updated(self, Executable previous) noexcept
+    cdef void move_to(self, Executable other) noexcept
     cdef void destroy(self, int device, tuple streams) noexcept
 
 

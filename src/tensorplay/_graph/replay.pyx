@@ -122,6 +122,16 @@ cdef class Executable:
             self.exec_graph = previous.graph
             previous.graph = NULL
 
+    cdef void move_to(self, Executable other) noexcept:
+        """Hand everything this executable holds to the empty ``other``."""
+        other.handle, other.graph, other.exec_graph = self.handle, self.graph, self.exec_graph
+        other.kept, other.foreign_holds, other.conditionals = self.kept, self.foreign_holds, self.conditionals
+        other.pool, other.pool_id, other.has_pool = self.pool, self.pool_id, self.has_pool
+        self.handle = self.exec_graph = NULL
+        self.graph = NULL
+        self.kept, self.foreign_holds, self.conditionals = {}, {}, {}
+        self.pool, self.has_pool = None, False
+
     cdef void destroy(self, int device, tuple streams) noexcept:
         """Destroy the executable and the graphs, and give up the kept
         storages and the pool: their memory is reused only after the replays
@@ -135,18 +145,12 @@ cdef class Executable:
         if destroy_must_wait():
             try:
                 moved = Executable.__new__(Executable)
-                moved.handle, moved.graph, moved.exec_graph = self.handle, self.graph, self.exec_graph
-                moved.kept, moved.foreign_holds, moved.pool = self.kept, self.foreign_holds, self.pool
-                moved.pool_id, moved.has_pool = self.pool_id, self.has_pool
-                self.handle = self.exec_graph = NULL
-                self.graph = NULL
-                self.kept, self.foreign_holds, self.conditionals = {}, {}, {}
-                self.has_pool = False
-                self.pool = None
                 defer(_destroy_later, (moved, device, streams))
-                return
             except BaseException:
                 pass                     # no memory for the queue: destroyed now, as before
+            else:
+                self.move_to(moved)
+                return
         destroy_graph_objects(device, self.handle, self.graph)
         destroy_graph_objects(device, NULL, self.exec_graph)
         self.handle = self.exec_graph = NULL
