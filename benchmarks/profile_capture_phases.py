@@ -18,11 +18,19 @@ For n in-place adds on one float, median host us of:
 
 A graph with programmatic edges (PDL) may cost the driver more to
 instantiate: the PDL rows answer that on the machine at hand.
+
+``--serving``: the serving section's 67 graphs of the MLP step (batch
+1..512, largest first, one pool): median us per graph of the step eagerly,
+the step inside a capture, capture_end; then a cProfile of one set's
+capture sorted by own time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import time
 
@@ -95,11 +103,68 @@ def torch_capture(tx, n, keep=False):
     return g
 
 
+def serving_profile(top):
+    from tpbench.common import to_library
+    from tpbench.workloads import SERVING_BATCHES, serving_weights, tp_mlp_step
+    w = {k: to_library(tp, v, "bfloat16") for k, v in serving_weights().items()}
+    step = tp_mlp_step(w)
+    x = w["x"]
+    for b in SERVING_BATCHES:
+        step(x[:b])
+    tp.cuda.synchronize()
+    eager, inside, ends, begins = [], [], [], []
+
+    def capture_set(timed):
+        pool = tp.cuda.graph_pool_handle()
+        graphs = []
+        for b in sorted(SERVING_BATCHES, reverse=True):
+            g = tp.cuda.CUDAGraph()
+            t0 = time.perf_counter()
+            g.capture_begin(pool=pool)
+            t1 = time.perf_counter()
+            out = step(x[:b])
+            t2 = time.perf_counter()
+            g.capture_end()
+            t3 = time.perf_counter()
+            if timed:
+                begins.append((t1 - t0) * 1e6)
+                inside.append((t2 - t1) * 1e6)
+                ends.append((t3 - t2) * 1e6)
+            graphs.append((g, out))
+        tp.cuda.synchronize()
+        return graphs
+    capture_set(False)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        capture_set(True)
+        print(f"serving set: {(time.perf_counter() - t0) * 1e3:.2f} ms for {len(SERVING_BATCHES)} graphs")
+    for b in SERVING_BATCHES:
+        t0 = time.perf_counter()
+        step(x[:b])
+        eager.append((time.perf_counter() - t0) * 1e6)
+    tp.cuda.synchronize()
+    print(f"per graph, median us: step eagerly {statistics.median(eager):.1f}, capture_begin "
+          f"{statistics.median(begins):.1f}, step inside the capture {statistics.median(inside):.1f}, "
+          f"capture_end {statistics.median(ends):.1f}")
+    pr = cProfile.Profile()
+    pr.enable()
+    capture_set(False)
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
+    print(out.getvalue())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 10, 100])
+    ap.add_argument("--serving", action="store_true", help="profile the serving set's capture instead")
+    ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args()
+    if args.serving:
+        serving_profile(args.top)
+        return
     x = tp.zeros(1, device="cuda")
     x.add_(1)
     tx = torch.zeros(1, device="cuda")

@@ -299,33 +299,72 @@ class TorchLibrary(Library):
                                                             vmm.TORCH_FREE).allocator()
         return self._allocator
 
+    @staticmethod
+    def _raw(torch: Any) -> Any:
+        """PyTorch's own calls under torch.cuda.use_mem_pool and set_stream
+        (a capture's fixed cost is a few us less without their Python
+        wrappers), or None where this PyTorch lacks one of them."""
+        c = torch._C
+        names = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool", "_cuda_releasePool",
+                 "_cuda_getCurrentStream", "_cuda_setStream")
+        return c if all(hasattr(c, n) for n in names) else None
+
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         torch = sys.modules["torch"]
+        raw = self._raw(torch)
         prev_device = torch.cuda.current_device()
-        prev_stream = torch.cuda.current_stream(device)
         pool = self.mem_pool(device, pool_id)
-        routing = torch.cuda.use_mem_pool(pool, device)
-        routing.__enter__()
+        ext = self._external(device, stream)
+        if raw is None:
+            prev_stream: Any = torch.cuda.current_stream(device)
+            routing: Any = torch.cuda.use_mem_pool(pool, device)
+            routing.__enter__()
+        else:
+            prev_stream = raw._cuda_getCurrentStream(device)       # (id, device index, device type)
+            raw._cuda_beginAllocateCurrentThreadToPool(device, pool.id)
+            routing = None
         try:
-            torch.cuda.set_stream(self._external(device, stream))
+            self._set_stream(torch, raw, ext)
         except BaseException:
-            routing.__exit__(None, None, None)
+            self._end_routing(raw, routing, device, pool)
             raise
         return (device, prev_device, prev_stream, pool, routing)
+
+    @staticmethod
+    def _set_stream(torch: Any, raw: Any, stream: Any) -> None:
+        """Make ``stream`` (a PyTorch stream, or with ``raw`` also the tuple
+        _cuda_getCurrentStream gives) PyTorch's current stream."""
+        if raw is None:
+            torch.cuda.set_stream(stream)
+            return
+        sid, index, kind = stream if isinstance(stream, tuple) else \
+            (stream.stream_id, stream.device_index, stream.device_type)
+        raw._cuda_setStream(stream_id=sid, device_index=index, device_type=kind)
+
+    @staticmethod
+    def _end_routing(raw: Any, routing: Any, device: int, pool: Any) -> None:
+        if routing is not None:
+            routing.__exit__(None, None, None)
+        else:
+            try:
+                raw._cuda_endAllocateToPool(device, pool.id)
+            finally:
+                raw._cuda_releasePool(device, pool.id)
 
     def follow(self, state: Any, stream: Stream) -> None:
         sys.modules["torch"].cuda.set_stream(self._external(state[0], stream))
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
         torch = sys.modules["torch"]
-        _, prev_device, prev_stream, pool, routing = state
+        device, prev_device, prev_stream, pool, routing = state
+        raw = self._raw(torch) if routing is None else None
         try:
             if on_capture_thread:
-                torch.cuda.set_stream(prev_stream)
+                self._set_stream(torch, raw, prev_stream)
                 torch.cuda.set_device(prev_device)
         finally:
-            routing.__exit__(None, None, None)      # ends the pool's routing, whichever thread
-        hold = _PoolHold(state[0], pool)
+            self._end_routing(raw, routing, device, pool)    # ends the pool's routing, whichever thread
+        hold = _PoolHold(device, pool)
         return {id(hold): hold}
 
 

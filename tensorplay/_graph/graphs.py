@@ -178,10 +178,11 @@ class CUDAGraph(CUDAGraphBase):
         self._capture_begin(pool_id, mode, stream, foreign)
 
     def capture_end(self) -> None:
-        """End the capture and build the executable now (cuGraphInstantiate
-        and cuGraphUpload), so the first replay costs nothing extra; for a
-        re-capture, first try updating the previous executable
-        (cuGraphExecUpdate, see :meth:`capture_begin`).
+        """End the capture and build the executable now (cuGraphInstantiate);
+        for a re-capture, first try updating the previous executable
+        (cuGraphExecUpdate, see :meth:`capture_begin`). The executable is not
+        uploaded (PyTorch's capture does not upload either): the first replay
+        does it, or :meth:`upload` ahead of time.
 
         Raises if no capture is open, on another thread than the one that
         began it, or when the driver rejects the capture (for example work

@@ -81,6 +81,35 @@ def test_reset_and_recapture():
     assert z.tolist() == [10.0] * 4
 
 
+def test_upload_ahead_of_the_first_replay_and_the_raw_graph():
+    from cuda.bindings import driver
+    x = tp.zeros(1 << 20, device="cuda")         # 4 MiB
+    warm(lambda: x.add_(1).sub_(0.5))
+    g = CUDAGraph()
+    s = tp.cuda.Stream()
+    with tp.cuda.graph(g):
+        for _ in range(50):
+            x.add_(1).sub_(0.5)
+    assert g.num_nodes == 100 and g.graph_handle != 0
+    err, _, count = driver.cuGraphGetNodes(driver.CUgraph(g.graph_handle), 0)
+    assert err == driver.CUresult.CUDA_SUCCESS and count == g.num_nodes
+    with tp.cuda.graph(CUDAGraph()):              # a capture is open: upload refuses, the capture goes on
+        with pytest.raises(tp.cuda.CudaError, match="CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"):
+            g.upload()
+        x.add_(0)
+    g.upload(s)
+    g.upload()                                   # again: harmless
+    x.fill_(0)
+    s.wait_stream(tp.cuda.current_stream())
+    g.replay(s)
+    s.synchronize()
+    assert np.all(x.numpy() == 25.0)
+    g.reset()
+    assert g.graph_handle == 0
+    with pytest.raises(RuntimeError, match="^upload: nothing to replay"):
+        g.upload()
+
+
 def test_capture_on_the_legacy_stream_raises():
     g = CUDAGraph()
     with pytest.raises(ValueError, match="default stream"):

@@ -17,6 +17,7 @@ no_gpu = pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU behaviour")
 
 @pytest.mark.parametrize("method, call, words", [
     ("replay", lambda g, x: g.replay(), "nothing to replay"),
+    ("upload", lambda g, x: g.upload(), "nothing to replay"),
     ("stage_and_launch", lambda g, x: g.stage_and_launch([x], [x]), "nothing to replay"),
     ("rebind_and_launch", lambda g, x: g.rebind_and_launch([x], [x]), "nothing to replay"),
     ("rebindable", lambda g, x: g.rebindable([x]), "nothing captured"),

@@ -200,12 +200,11 @@ cdef class CUDAGraphBase(ReplayBase):
         self._num_nodes = 0
         return 0
 
-    cdef int _end_routing(self, bint release_stream=True) except -1:
+    cdef int _end_routing(self) except -1:
         """Stop routing allocations; keep the storages from outside the pool
         that the capture used; restore the current stream (on the capture's
         thread: another thread's current stream is not ours to set); give a
-        reserved side stream back unless the caller still queues work on it
-        (capture_end uploads there first)."""
+        reserved side stream back."""
         state = self._capture_state
         session = self._foreign
         self._capture_state = None
@@ -219,8 +218,7 @@ cdef class CUDAGraphBase(ReplayBase):
         self._prev_stream = None
         self._capturing = False
         self._conds.close()
-        if release_stream:
-            release_capture_side_stream(self._capture_stream_obj)
+        release_capture_side_stream(self._capture_stream_obj)
         if session is not None:
             # last, and its error kept for the caller to raise once its own
             # teardown is done: a library must not leave ours half restored
@@ -240,8 +238,7 @@ cdef class CUDAGraphBase(ReplayBase):
     def _capture_end(self):
         """End the capture (cuStreamEndCapture), then update the previous
         executable with the new graph (cuGraphExecUpdate) or, with none or when
-        the update fails, instantiate one (cuGraphInstantiate); upload it
-        (cuGraphUpload)."""
+        the update fails, instantiate one (cuGraphInstantiate)."""
         cdef cydriver.CUgraph g = NULL
         cdef cydriver.CUresult r
         cdef size_t n = 0
@@ -261,39 +258,35 @@ cdef class CUDAGraphBase(ReplayBase):
                                "(a stream set inside the capture was not restored)")
         with nogil:
             r = cydriver.cuStreamEndCapture(self._capture_stream, &g)
-        self._end_routing(False)
+        self._end_routing()
         cur = self._cur
         previous = self._previous
+        if r != cydriver.CUDA_SUCCESS:
+            if g != NULL:
+                cydriver.cuGraphDestroy(g)
+            self._release()
+            check(r)
+        cur.graph = g
+        count_live(LIVE_GRAPHS, 1)
         try:
-            if r != cydriver.CUDA_SUCCESS:
-                if g != NULL:
-                    cydriver.cuGraphDestroy(g)
-                self._release()
-                check(r)
-            cur.graph = g
-            count_live(LIVE_GRAPHS, 1)
-            try:
+            with nogil:
+                check(cydriver.cuGraphGetNodes(g, NULL, &n))
+            self._update_result = (previous.update(g) if previous is not None and previous.handle != NULL
+                                   else None)
+            if self._update_result == "success":
+                cur.take_updated(previous)           # updated in place: the same handle
+            else:
+                # instantiated before the old one is destroyed, so a fallback
+                # never hands out the old handle again
                 with nogil:
-                    check(cydriver.cuGraphGetNodes(g, NULL, &n))
-                self._update_result = (previous.update(g) if previous is not None and previous.handle != NULL
-                                       else None)
-                if self._update_result == "success":
-                    cur.take_updated(previous)           # updated in place: the same handle
-                else:
-                    # instantiated before the old one is destroyed, so a fallback
-                    # never hands out the old handle again
-                    with nogil:
-                        check(cydriver.cuGraphInstantiate(&cur.handle, g, 0))
-                    count_live(LIVE_EXECS, 1)
-                with nogil:
-                    check(cydriver.cuGraphUpload(cur.handle, self._capture_stream))
-                self.retire_previous()
-            except BaseException:
-                self._release()
-                raise
-        finally:
-            # only now may another capture take the stream: the upload was queued on it
-            release_capture_side_stream(self._capture_stream_obj)
+                    check(cydriver.cuGraphInstantiate(&cur.handle, g, 0))
+                count_live(LIVE_EXECS, 1)
+            # not uploaded (PyTorch's capture does not either): the first
+            # replay uploads, or upload() ahead of it
+            self.retire_previous()
+        except BaseException:
+            self._release()
+            raise
         self._num_nodes = n
         self._raise_foreign_error()
 

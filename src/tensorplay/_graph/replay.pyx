@@ -249,6 +249,38 @@ cdef class ReplayBase:
         if <uintptr_t>s != self._last_replay_stream:
             self._note_replay_stream(<uintptr_t>s)
 
+    def upload(self, stream=None):
+        """Upload the executable to the device now, cuGraphUpload, on the
+        current stream or on ``stream``, so that the first replay costs what
+        the later ones cost.
+
+        ``capture_end`` instantiates but does not upload (as PyTorch's
+        capture does not): the first replay uploads, which costs about a
+        microsecond a node once. Call this ahead of time where a first replay
+        must be fast (a server's first request).
+        """
+        cdef cydriver.CUstream s
+        cdef Stream so
+        cdef cydriver.CUgraphExec handle = self._cur.handle
+        if handle == NULL:
+            self._replay_error("upload")
+        if self._cur.pool is not None and self._cur.pool.asleep:
+            self._asleep_error("upload")
+        if stream is None:
+            s = current_stream_handle(self._device)
+        else:
+            so = as_stream(stream, self._device)
+            if so._device != self._device:
+                raise ValueError(f"upload: the graph belongs to cuda:{self._device}, "
+                                 f"the stream to cuda:{so._device}")
+            s = so._handle
+        refuse_if_capturing(s, "upload")
+        with nogil:
+            ensure_context(self._device)
+            check(cydriver.cuGraphUpload(handle, s))
+        if <uintptr_t>s != self._last_replay_stream:
+            self._note_replay_stream(<uintptr_t>s)
+
     def stage_and_launch(self, static_inputs, inputs):
         """Copy each of ``inputs`` onto the matching static buffer, then replay.
 
