@@ -2,7 +2,8 @@
 """Sections ``capture`` and ``recapture``: host time of capturing a graph.
 
 - capture: capture + instantiate of n in-place adds on a one-element
-  tensor, ``with tp.cuda.graph(g)`` against ``with torch.cuda.graph(g)``;
+  tensor, ``with tp.cuda.graph(g)`` against ``with torch.cuda.graph(g)``,
+  also with the first replay (neither capture uploads: the first replay does);
 - recapture: a re-capture into a graph that has an executable
   (cuGraphExecUpdate) against ``reset()`` then capture + instantiate.
 """
@@ -28,23 +29,32 @@ def capture_rows(sizes, repeats, torch):
                 for _ in range(n):
                     x.add_(1)
             return g
-        per = []
+        per, with_first = [], []
         for _ in range(repeats):
             tp.cuda.synchronize()
             t0 = time.perf_counter()
             g = cap()
-            per.append((time.perf_counter() - t0) * 1e6)
+            t1 = time.perf_counter()
+            g.replay()                   # the first replay uploads the executable
+            t2 = time.perf_counter()
+            per.append((t1 - t0) * 1e6)
+            with_first.append((t2 - t0) * 1e6)
+            tp.cuda.synchronize()
             g.reset()
         record("capture", case, "tensorplay capture+instantiate", statistics.median(per))
+        record("capture", case, "tensorplay capture+instantiate+first replay", statistics.median(with_first))
 
         @guarded("capture", case, "PyTorch capture+instantiate")
         def _torch():
             record("capture", case, "PyTorch capture+instantiate", torch_capture_us(torch, n, repeats))
+            record("capture", case, "PyTorch capture+instantiate+first replay",
+                   torch_capture_us(torch, n, repeats, first_replay=True))
 
 
-def torch_capture_us(torch, n, repeats):
+def torch_capture_us(torch, n, repeats, first_replay=False):
     """Median host us of PyTorch's capture + instantiate of n in-place adds
-    on a one-element tensor (the same work as tensorplay's row)."""
+    on a one-element tensor (the same work as tensorplay's row), and of its
+    first replay with ``first_replay`` (which uploads the executable)."""
     tx = torch.zeros(1, device="cuda")
     tx.add_(1)
     per = []
@@ -55,7 +65,10 @@ def torch_capture_us(torch, n, repeats):
         with torch.cuda.graph(tg):
             for _ in range(n):
                 tx.add_(1)
+        if first_replay:
+            tg.replay()
         per.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
         del tg
     return statistics.median(per)
 

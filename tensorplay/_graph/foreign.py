@@ -217,6 +217,7 @@ class TorchLibrary(Library):
         self._allocator: Any = None                        # for sleepable pools' MemPools
         self._available: Any = None                        # the torch module whose CUDA was available
         self._tls = threading.local()                      # .blas: devices whose cuBLAS handle exists here
+        self._raw_of: tuple[Any, Any] | None = None        # (torch, its torch._C or None), see _raw
 
     def _external(self, device: int, stream: Stream) -> Any:
         """PyTorch's ExternalStream over ``stream`` (kept: captures reuse their streams)."""
@@ -299,15 +300,19 @@ class TorchLibrary(Library):
                                                             vmm.TORCH_FREE).allocator()
         return self._allocator
 
-    @staticmethod
-    def _raw(torch: Any) -> Any:
+    _RAW_CALLS = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool", "_cuda_releasePool",
+                  "_cuda_getCurrentStream", "_cuda_setStream")
+
+    def _raw(self, torch: Any) -> Any:
         """PyTorch's own calls under torch.cuda.use_mem_pool and set_stream
         (a capture's fixed cost is a few us less without their Python
-        wrappers), or None where this PyTorch lacks one of them."""
-        c = torch._C
-        names = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool", "_cuda_releasePool",
-                 "_cuda_getCurrentStream", "_cuda_setStream")
-        return c if all(hasattr(c, n) for n in names) else None
+        wrappers), or None where this PyTorch lacks one of them (asked once
+        per torch module)."""
+        cached = self._raw_of
+        if cached is None or cached[0] is not torch:
+            c = torch._C
+            cached = self._raw_of = (torch, c if all(hasattr(c, n) for n in self._RAW_CALLS) else None)
+        return cached[1]
 
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         torch = sys.modules["torch"]

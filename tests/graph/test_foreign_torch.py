@@ -233,7 +233,16 @@ def test_a_loop_with_torch_temporaries_counts_its_iterations(torch):
 
 # ------------------------------------------------------------------ following, and restoring after
 
-def test_torch_follows_the_capture_and_is_restored(torch):
+@pytest.fixture(params=["raw calls", "public wrappers"])
+def torch_calls(request, torch, monkeypatch):
+    """PyTorch followed through its torch._C calls (the default) or, as
+    where this PyTorch lacks one of them, through use_mem_pool and set_stream."""
+    if request.param == "public wrappers":
+        monkeypatch.setattr(foreign.TorchLibrary, "_raw", lambda self, torch: None)
+    return request.param
+
+
+def test_torch_follows_the_capture_and_is_restored(torch, torch_calls):
     x = torch.randn(N, device="cuda")
     (x * 2).sin()
     torch.cuda.synchronize()
@@ -247,6 +256,9 @@ def test_torch_follows_the_capture_and_is_restored(torch):
         assert inside.cuda_stream != before.cuda_stream
         assert torch.cuda.is_current_stream_capturing()
         y = (x * 2).sin()
+    lib = next(lib for lib in foreign._libraries if isinstance(lib, foreign.TorchLibrary))
+    segments = lib.mem_pool(device, g.pool_id).snapshot()      # the pool the capture routed to
+    assert any(seg["address"] <= y.data_ptr() < seg["address"] + seg["total_size"] for seg in segments)
     assert torch.cuda.current_stream() == before and torch.cuda.current_device() == device
     assert not torch.cuda.is_current_stream_capturing()
     with pytest.raises(ValueError, match="in the block"):
