@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The whole test suite on a machine with one GPU, in two phases:
 #   1. everything not marked `serial`, in pytest-xdist worker processes that
-#      share the GPU (--dist loadfile: each test file stays in one worker);
+#      share the GPU (--dist load: tests go to whichever worker is free, so a
+#      file of slow compilations is spread over all of them);
 #   2. the tests marked `serial` (they measure device-wide memory or time, or
 #      fill the device), alone, after the workers are gone.
 # Both phases share one kernel cache, so a kernel NVRTC compiled for one worker
@@ -11,7 +12,8 @@
 # (pytest options such as -x, -k EXPR, --durations=30).
 # Environment:
 #   TP_TEST_WORKERS=N   workers of phase 1 (default: half the cores, 2 to 8; 1 runs it without xdist)
-#   TP_TEST_DIST=MODE   pytest-xdist's --dist (default loadfile; worksteal balances finer but splits files)
+#   TP_TEST_DIST=MODE   pytest-xdist's --dist (default load; loadfile keeps each file in one worker,
+#                       which halves the speed: a few files hold most of the NVRTC compilations)
 #   TP_TEST_SCOPE=gpu   only the tests marked cuda or multigpu (default: all, the CPU tests too)
 #   PYTHON=...          the interpreter that has tensorplay installed (default .venv/bin/python, else python3)
 #   TENSORPLAY_TEST_CACHE_DIR=/folder  keeps the kernel cache (default: a temporary one, removed at the end)
@@ -34,7 +36,7 @@ default_workers=$((cores / 2))
 [ "$default_workers" -gt 8 ] && default_workers=8
 [ "$default_workers" -lt 2 ] && default_workers=2
 workers=${TP_TEST_WORKERS:-$default_workers}
-dist=${TP_TEST_DIST:-loadfile}
+dist=${TP_TEST_DIST:-load}
 
 if [ "$workers" -gt 1 ] && ! "$PY" -c "import xdist" 2>/dev/null; then
     echo "gpu_tests: pytest-xdist is not installed for $PY: phase 1 runs in one process" \

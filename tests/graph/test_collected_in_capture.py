@@ -75,6 +75,7 @@ def _capture_across_a_collection(x):
 
 def test_graphs_collected_inside_a_capture_are_destroyed_after_it():
     x = tp.zeros(N, device="cuda")
+    gc.collect()                    # an earlier test's garbage in this worker must not count as ours
     before = graph_objects()
     ref = weakref.ref(_garbage_graphs(x))
     assert graph_objects() > before
