@@ -60,6 +60,9 @@ class ForeignRandomError(RuntimeError):
     generator is not graph-safe (its state is not advanced per replay)."""
 
 
+ForeignRandomError.__module__ = "tensorplay.cuda"     # its public path, in tracebacks and reprs
+
+
 # ------------------------------------------------------------------ libraries
 
 class Library:
@@ -383,8 +386,13 @@ class _CupyBlock:
 
 
 def _cupy_stream(cupy: Any, stream: Stream, device: int) -> Any:
-    """CuPy's stream over ``stream``. (CuPy 14 deprecates ExternalStream for
-    Stream.from_external; a DeprecationWarning, hidden by default.)"""
+    """CuPy's stream over ``stream`` on ``device`` (the current CuPy device):
+    ``Stream.from_external`` through the CUDA stream protocol where CuPy has
+    it (14 and later, which deprecate ExternalStream; the wrapper keeps our
+    stream alive and never destroys it), else ExternalStream."""
+    from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
+    if from_external is not None:
+        return from_external(stream)
     return cupy.cuda.ExternalStream(stream.handle, device)
 
 

@@ -531,6 +531,9 @@ class CaptureStream:
     def __init__(self, handle):
         self.handle = handle
 
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
 
 @pytest.fixture
 def fake_torch(monkeypatch):
@@ -789,6 +792,27 @@ def test_cupy_library_leaves_the_capture_thread_alone_elsewhere(fake_cupy):
     assert len(fake_cupy.log) == n and fake_cupy.current[0].ptr == 0x1000   # per-thread state: not touched
     lib.end(state, True)
     assert fake_cupy.current[0].ptr == 0 and fake_cupy.allocator == "cupy's pool"
+
+
+def test_cupy_14_streams_come_from_the_stream_protocol_not_the_deprecated_external_stream(fake_cupy):
+    wrapped = []
+
+    def from_external(obj):
+        version, ptr = obj.__cuda_stream__()
+        wrapped.append((version, ptr, fake_cupy.device_now))
+        return FakeCupyStream(fake_cupy, ptr, fake_cupy.device_now)
+
+    def deprecated(*args):
+        raise AssertionError("ExternalStream is deprecated in CuPy 14: not to be called")
+    fake_cupy.module.cuda.Stream = types.SimpleNamespace(from_external=from_external)
+    fake_cupy.module.cuda.ExternalStream = deprecated
+    lib = foreign.CupyLibrary()
+    state = lib.begin(1, CaptureStream(0x1000), 5)
+    lib.follow(state, CaptureStream(0x2000))
+    assert wrapped == [(0, 0x1000, 1), (0, 0x2000, 1)]        # wrapped inside the device's context
+    assert fake_cupy.current[1].ptr == 0x2000 and fake_cupy.device_now == 0
+    lib.end(state, True)
+    assert fake_cupy.current[1].ptr == 0
 
 
 def test_cupy_library_undoes_the_routing_when_begin_fails(fake_cupy):
