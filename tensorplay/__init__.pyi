@@ -30,6 +30,7 @@ __all__ = [
     'add',
     'addmm',
     'all',
+    'allclose',
     'amax',
     'amin',
     'any',
@@ -52,6 +53,7 @@ __all__ = [
     'config',
     'cos',
     'cuda',
+    'cumsum',
     'default_generator',
     'device',
     'div',
@@ -74,7 +76,9 @@ __all__ = [
     'from_numpy',
     'full',
     'full_like',
+    'gather',
     'ge',
+    'get_default_dtype',
     'get_float32_matmul_precision',
     'get_rng_state',
     'gt',
@@ -85,6 +89,7 @@ __all__ = [
     'int64',
     'int8',
     'is_tensor',
+    'isclose',
     'isfinite',
     'isinf',
     'isnan',
@@ -93,6 +98,7 @@ __all__ = [
     'linspace',
     'log',
     'log1p',
+    'log_softmax',
     'logical_and',
     'logical_not',
     'logical_or',
@@ -140,6 +146,8 @@ __all__ = [
     'sigmoid',
     'sign',
     'sin',
+    'softmax',
+    'sort',
     'sqrt',
     'stack',
     'std',
@@ -148,6 +156,9 @@ __all__ = [
     'sum',
     'tanh',
     'tensor',
+    'topk',
+    'tril',
+    'triu',
     'true_divide',
     'uint8',
     'var',
@@ -249,6 +260,16 @@ def mv(input: Tensor, vec: Tensor) -> Tensor: ...
 def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: builtins.float = 1, alpha: builtins.float = 1, activation: Activation = None, out: Tensor | None = None) -> Tensor: ...
 def clamp(input: Tensor, min: TensorOrNumber | None = None, max: TensorOrNumber | None = None, *, out: Tensor | None = None) -> Tensor: ...
 def multinomial(input: Tensor, num_samples: builtins.int, replacement: builtins.bool = False, *, generator: Generator | None = None, out: Tensor | None = None) -> Tensor: ...
+def softmax(input: Tensor, dim: builtins.int, dtype: DTypeLike = None) -> Tensor: ...
+def log_softmax(input: Tensor, dim: builtins.int, dtype: DTypeLike = None) -> Tensor: ...
+def cumsum(input: Tensor, dim: builtins.int, *, dtype: DTypeLike = None, out: Tensor | None = None) -> Tensor: ...
+def sort(input: Tensor, dim: builtins.int = -1, descending: builtins.bool = False, *, stable: builtins.bool = False, out: tuple[Tensor, Tensor] | None = None) -> return_types.sort[Tensor]: ...
+def topk(input: Tensor, k: builtins.int, dim: builtins.int = -1, largest: builtins.bool = True, sorted: builtins.bool = True, *, out: tuple[Tensor, Tensor] | None = None) -> return_types.topk[Tensor]: ...
+def gather(input: Tensor, dim: builtins.int, index: Tensor, *, sparse_grad: builtins.bool = False, out: Tensor | None = None) -> Tensor: ...
+def tril(input: Tensor, diagonal: builtins.int = 0, *, out: Tensor | None = None) -> Tensor: ...
+def triu(input: Tensor, diagonal: builtins.int = 0, *, out: Tensor | None = None) -> Tensor: ...
+def isclose(input: Tensor, other: Tensor, rtol: builtins.float = 1e-05, atol: builtins.float = 1e-08, equal_nan: builtins.bool = False) -> Tensor: ...
+def allclose(input: Tensor, other: Tensor, rtol: builtins.float = 1e-05, atol: builtins.float = 1e-08, equal_nan: builtins.bool = False) -> builtins.bool: ...
 def where(condition: Tensor, input: TensorOrNumber, other: TensorOrNumber, *, out: Tensor | None = None) -> Tensor: ...
 def tensor(data: Any, *, dtype: DTypeLike = None, device: DeviceLike = None, pin_memory: builtins.bool = False) -> Tensor: ...
 def as_tensor(data: Any, dtype: DTypeLike = None, device: DeviceLike = None) -> Tensor: ...
@@ -271,6 +292,7 @@ def stack(tensors: Sequence[Tensor], dim: builtins.int = 0, *, out: Tensor | Non
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, *,
            activation: Activation = None) -> Tensor: ...
 def get_float32_matmul_precision() -> Literal["highest", "high", "medium"]: ...
+def get_default_dtype() -> dtype: ...
 def set_float32_matmul_precision(precision: Literal["highest", "high", "medium"]) -> None: ...
 def is_tensor(obj: object) -> TypeIs[Tensor]: ...
 def can_cast(from_: dtype | str, to: dtype | str) -> builtins.bool: ...

@@ -100,6 +100,23 @@ default_float = float32
 default_int = int64
 
 
+def get_default_dtype() -> dtype:
+    """Return the default floating dtype: float32.
+
+    As ``torch.get_default_dtype``: the dtype of Python floats made into
+    tensors (:func:`tensorplay.tensor`), of :func:`tensorplay.rand` and
+    friends, and of the floating results of integer operands (true
+    division, ``exp``, ...). tensorplay's default is fixed (there is no
+    ``set_default_dtype``).
+
+    Returns
+    -------
+    dtype
+        :data:`tensorplay.float32`.
+    """
+    return default_float
+
+
 def _by_name(name):
     return BY_NAME[name]
 

@@ -22,8 +22,12 @@ schedule against ``np.argsort`` with small tiles).
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from tensorplay import _dtypes as dt
 from tensorplay._kernels import cache
 from tensorplay._kernels.codegen import GRID_WAIT
 
@@ -103,6 +107,65 @@ def simulate_sort(keys, tile: int = TILE):
                 _compare_exchange(key, idx, padded, step[1], j)
                 j //= 2
     return idx.reshape(rows, padded)
+
+
+# ------------------------------------------------------------------ sort keys of values
+
+# The order of values as the order of unsigned 64-bit keys, as ``torch.sort``
+# orders them: floating values by value, -0.0 equal to 0.0, every NaN equal
+# and after +inf; integers and bool by value. Descending order inverts the
+# keys (so ties still go to the lower position: a stable descending sort).
+KEY_PREAMBLE = r"""
+__device__ __forceinline__ unsigned long long tp_sort_key_f32(float x) {
+  if (x != x) x = __int_as_float(0x7fc00000);
+  if (x == 0.0f) x = 0.0f;
+  const unsigned int u = __float_as_uint(x);
+  return (unsigned long long)((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+}
+__device__ __forceinline__ unsigned long long tp_sort_key_f64(double x) {
+  if (x != x) x = __longlong_as_double(0x7ff8000000000000LL);
+  if (x == 0.0) x = 0.0;
+  const unsigned long long u = (unsigned long long)__double_as_longlong(x);
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ULL);
+}
+__device__ __forceinline__ unsigned long long tp_sort_key_int(long long x) {
+  return (unsigned long long)x ^ 0x8000000000000000ULL;
+}
+"""
+
+
+def key_expr(d, descending: bool) -> str:
+    """The C expression of an elementwise kernel (operand ``a0``, loaded as
+    ``codegen.compute_ctype(d)``: float for the half types) giving the sort
+    key of a value of dtype ``d`` as a long long (the key's bits)."""
+    if d is dt.float64:
+        key = "tp_sort_key_f64(a0)"
+    elif d.kind == "f":
+        key = "tp_sort_key_f32(a0)"
+    else:
+        key = "tp_sort_key_int((long long)a0)"
+    return f"(long long)(~{key})" if descending else f"(long long)({key})"
+
+
+def sort_keys(values: Any, descending: bool = False) -> npt.NDArray[np.uint64]:
+    """The keys :func:`key_expr` computes, in NumPy: ``values`` (any real
+    array; float16 and bfloat16 widened to float32 exactly) as uint64 keys
+    whose order is the values' (``np.argsort(keys, kind="stable")`` is the
+    stable sort of the values, NaN last)."""
+    a = np.asarray(values)
+    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+        double = a.dtype == np.float64
+        wide = a.astype(np.float64 if double else np.float32)        # a copy
+        wide[np.isnan(wide)] = np.nan                                 # one NaN
+        wide[wide == 0] = 0.0                                         # -0.0 as 0.0
+        bits = wide.view(np.uint64 if double else np.uint32).astype(np.uint64)
+        width = 64 if double else 32
+        top = np.uint64(1 << (width - 1))
+        mask = np.uint64((1 << width) - 1)
+        keys: npt.NDArray[np.uint64] = np.where(bits & top, ~bits & mask, bits | top).astype(np.uint64)
+    else:
+        keys = a.astype(np.int64).view(np.uint64) ^ np.uint64(1 << 63)
+    return ~keys if descending else keys
 
 
 # ------------------------------------------------------------------ CUDA C

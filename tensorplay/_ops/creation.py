@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Creation helpers for numerical code: linspace, eye, cat, stack."""
+"""Creation helpers for numerical code: linspace, eye, cat, stack; and the
+Tensor methods that make tensors like one (new_zeros, new_ones, new_full,
+new_empty)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import numpy as np
 
 from tensorplay import _dtypes as dt
 from tensorplay._tensor.args import cast_into, normalize_dim, resolve_device
-from tensorplay._tensor.creation import empty, tensor
+from tensorplay._tensor.creation import empty, full, ones, tensor, zeros
 from tensorplay._tensor.tensor import Tensor
 from tensorplay._kernels import cache as _kernels
 from tensorplay._ops.promotion import result_type
@@ -174,3 +176,65 @@ def stack(tensors, dim=0, *, out=None):
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or not -n <= dim < n:
         raise IndexError(f"stack: dim {dim!r} out of range for {n} dims")
     return cat([t.unsqueeze(dim % n) for t in tensors], dim % n, out=out)
+
+
+# ------------------------------------------------------------------ Tensor methods
+# installed on Tensor by _methods.install (as Tensor.<name without tensor_>)
+
+_NEW_DOC = """Make a tensor of shape ``size`` {what}, with this tensor's dtype and device by default.
+
+As ``torch.Tensor.{name}``.
+
+Parameters
+----------
+{size}
+dtype : dtype, str or None, optional
+    The dtype; default this tensor's.
+device : device, str, int or None, optional
+    The device; default this tensor's.
+pin_memory : bool, optional
+    Make a CPU tensor in page-locked (pinned) host memory.
+
+Returns
+-------
+Tensor
+    A new tensor.
+"""
+_SIZE = """*size : int or sequence of int
+    The shape: ``new_zeros(2, 3)`` or ``new_zeros((2, 3))``."""
+
+
+def _like(self, dtype, device):
+    return (self.dtype if dtype is None else dtype), (self.device if device is None else device)
+
+
+def tensor_new_empty(self, *size, dtype=None, device=None, pin_memory=False):
+    d, where = _like(self, dtype, device)
+    return empty(*size, dtype=d, device=where, pin_memory=pin_memory)
+
+
+def tensor_new_zeros(self, *size, dtype=None, device=None, pin_memory=False):
+    d, where = _like(self, dtype, device)
+    return zeros(*size, dtype=d, device=where, pin_memory=pin_memory)
+
+
+def tensor_new_ones(self, *size, dtype=None, device=None, pin_memory=False):
+    d, where = _like(self, dtype, device)
+    return ones(*size, dtype=d, device=where, pin_memory=pin_memory)
+
+
+def tensor_new_full(self, size, fill_value, *, dtype=None, device=None, pin_memory=False):
+    d, where = _like(self, dtype, device)
+    return full(size, fill_value, dtype=d, device=where, pin_memory=pin_memory)
+
+
+tensor_new_empty.__doc__ = _NEW_DOC.format(what="without initialising its elements", name="new_empty", size=_SIZE)
+tensor_new_zeros.__doc__ = _NEW_DOC.format(what="filled with zeros", name="new_zeros", size=_SIZE)
+tensor_new_ones.__doc__ = _NEW_DOC.format(what="filled with ones", name="new_ones", size=_SIZE)
+tensor_new_full.__doc__ = _NEW_DOC.format(
+    what="filled with ``fill_value``", name="new_full",
+    size="size : int or sequence of int\n    The shape.\nfill_value : bool, int or float\n"
+         "    The value of every element; it must fit the dtype (as for :func:`tensorplay.full`).")
+
+TENSOR_METHODS = {"new_empty": tensor_new_empty, "new_zeros": tensor_new_zeros, "new_ones": tensor_new_ones,
+                  "new_full": tensor_new_full}

@@ -467,3 +467,167 @@ def clamp(input, min=None, max=None, *, out=None):
     if max is not None:
         r = apply("minimum", r, max, out=out)
     return r
+
+
+# ------------------------------------------------------------------ isclose / allclose
+
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """Test which elements of ``input`` are close to those of ``other``.
+
+    As ``torch.isclose``: ``|input - other| <= atol + rtol * |other|``,
+    elementwise, or equal (infinities of one sign are close to each other
+    only); NaN is close to NaN only with ``equal_nan``. The operands
+    broadcast together and must have one dtype; bool operands compare as
+    float32.
+
+    Parameters
+    ----------
+    input : Tensor
+        The first operand.
+    other : Tensor
+        The second operand, of ``input``'s dtype.
+    rtol : float, optional
+        The relative tolerance, at least 0.
+    atol : float, optional
+        The absolute tolerance, at least 0.
+    equal_nan : bool, optional
+        Count two NaNs as close.
+
+    Returns
+    -------
+    Tensor
+        A bool tensor of the broadcast shape.
+
+    Raises
+    ------
+    TypeError
+        If an operand is not a tensor or the dtypes differ.
+    ValueError
+        For a negative tolerance.
+
+    Notes
+    -----
+    On CUDA tensors this launches a few generated elementwise kernels on the
+    current stream (no host read: a CUDA graph can capture it).
+    """
+    if not isinstance(input, Tensor) or not isinstance(other, Tensor):
+        raise TypeError("isclose expects two tensors")
+    if input.dtype is not other.dtype:
+        raise TypeError(f"isclose: expected both tensors to have one dtype, got {input.dtype.name} and "
+                        f"{other.dtype.name}")
+    if rtol < 0 or atol < 0:
+        raise ValueError(f"isclose: the tolerances must be non-negative, got rtol={rtol} and atol={atol}")
+    close = apply("eq", input, other)
+    if equal_nan and input.dtype.kind == "f":
+        close = apply("logical_or", close, apply("logical_and", apply("isnan", input), apply("isnan", other)))
+    if rtol == 0 and atol == 0:
+        return close
+    a, b = input, other
+    if a.dtype is dt.bool_:
+        a, b = a.to(dt.default_float), b.to(dt.default_float)
+    allowed = apply("add", apply("abs", apply("mul", b, rtol)), atol)
+    actual = apply("abs", apply("sub", a, b))
+    within = apply("logical_and", apply("isfinite", actual), apply("le", actual, allowed))
+    return apply("logical_or", close, within)
+
+
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """Test whether every element of ``input`` is close to ``other``'s.
+
+    ``isclose(...).all()`` as a Python bool, as ``torch.allclose``; see
+    :func:`isclose` for the test.
+
+    Parameters
+    ----------
+    input : Tensor
+        The first operand.
+    other : Tensor
+        The second operand, of ``input``'s dtype.
+    rtol : float, optional
+        The relative tolerance, at least 0.
+    atol : float, optional
+        The absolute tolerance, at least 0.
+    equal_nan : bool, optional
+        Count two NaNs as close.
+
+    Returns
+    -------
+    bool
+        True when every element is close.
+
+    Notes
+    -----
+    On CUDA tensors the answer is read to the host, which waits for the
+    current stream: it cannot be captured in a CUDA graph (use
+    :func:`isclose` and ``all()`` there, which stay on the device).
+    """
+    from_isclose = isclose(input, other, rtol, atol, equal_nan)
+    return bool(from_isclose.all().item())
+
+
+# ------------------------------------------------------------------ tril / triu
+
+_TRI_DOC = """Return the {which} triangular part of the matrices in ``input``; the other elements are zero.
+
+As ``torch.{name}``: the elements on and {side} diagonal ``diagonal`` of
+each matrix (the last two dimensions) are kept. Diagonal 0 is the main
+diagonal, a positive one lies above it, a negative one below.
+
+Parameters
+----------
+input : Tensor
+    A tensor of at least 2 dimensions.
+diagonal : int, optional
+    Which diagonal bounds the kept part; default 0.
+out : Tensor, optional
+    Write the result here (``input``'s shape; a dtype it can be cast to).
+
+Returns
+-------
+Tensor
+    The result, ``input``'s shape and dtype.
+
+Raises
+------
+ValueError
+    If ``input`` has fewer than 2 dimensions.
+
+Notes
+-----
+On CUDA tensors this launches one generated NVRTC kernel on the current
+stream (cuLaunchKernel).
+"""
+
+
+def _triangle(name, keep, input, diagonal, out):
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{name} expects a Tensor, got {type(input).__name__}")
+    if input.ndim < 2:
+        raise ValueError(f"{name}: the input must have at least 2 dimensions, it has {input.ndim}")
+    if isinstance(diagonal, bool) or not isinstance(diagonal, numbers.Integral):
+        raise TypeError(f"{name}: diagonal must be an int, got {type(diagonal).__name__}")
+    out = _prepare_out(out, input.shape, input.dtype, input._device_index, name)
+    if out.numel() == 0:
+        return out
+    rows, cols = input.shape[-2], input.shape[-1]
+    if input.is_cpu:
+        fn = np.tril if keep == "<=" else np.triu
+        cast_into(out.numpy(), fn(input.numpy(), int(diagonal)))
+        return out
+    c = _codegen.compute_ctype(input.dtype)
+    expr = f"(((i % s0) - ((i / s0) % s1)) {keep} s2) ? a0 : (({c})0)"
+    _kernels.launch_elementwise((name,), expr, out, (input,), (input.strides,), (cols, rows, int(diagonal)),
+                                ("i", "i", "i"))
+    return out
+
+
+def tril(input, diagonal=0, *, out=None):
+    return _triangle("tril", "<=", input, diagonal, out)
+
+
+def triu(input, diagonal=0, *, out=None):
+    return _triangle("triu", ">=", input, diagonal, out)
+
+
+tril.__doc__ = _TRI_DOC.format(which="lower", name="tril", side="below")
+triu.__doc__ = _TRI_DOC.format(which="upper", name="triu", side="above")

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Advanced indexing: one integer-tensor or boolean-mask index (with any basic
-indices beside it), for reading (a copy) and writing.
+indices beside it), for reading (a copy) and writing; ``gather`` along a
+dimension, and ``masked_fill``.
 
 Indices known on the host are bounds-checked at once (IndexError). Indices in
 device memory are checked by the kernel: an out-of-range index is never
@@ -16,6 +17,7 @@ import struct
 import numpy as np
 
 from tensorplay import _dtypes as dt
+from tensorplay._tensor.args import broadcast_shape, cast_into, check_value, normalize_dim
 from tensorplay._tensor.creation import empty, tensor
 from tensorplay._tensor.tensor import Tensor, as_source, copy_into, empty_cuda, host_to_cuda, is_literal
 from tensorplay._driver.memcpy import memcpy_dtoh, memset_d8_async, refuse_in_capture
@@ -189,6 +191,159 @@ def _run(kind, view, dim, idx, other):
     params += struct.pack(f"<{2 * len(shape)}q", *shape, *strides)
     f.launch(_kernels.grid_for(n, dev), _kernels.BLOCK, params)
     _pending.add(dev)
+
+
+# ------------------------------------------------------------------ gather
+
+def _gather_along_source(name, d, ndim, dim):
+    """``out[i] = src[..., index[i], ...]``: for each element of ``index``
+    (walked row-major over its shape, its own strides), the element of
+    ``src`` at the same coordinates except along ``dim``, where the index
+    says; an index outside ``[0, size)`` raises the error flag and writes
+    nothing."""
+    return (f"struct tp_ga_{ndim} {{ long long size[{ndim}]; long long istride[{ndim}]; "
+            f"long long sstride[{ndim}]; }};\n"
+            f'extern "C" __global__ void {name}({d.ctype}* __restrict__ out, '
+            f"const {d.ctype}* __restrict__ src, const long long* __restrict__ idx, long long n, "
+            f"long long dimsize, int* err, tp_ga_{ndim} g) {{{_kernels.GRID_WAIT}"
+            "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
+            "       i += (long long)gridDim.x * blockDim.x) {\n"
+            "    long long rem = i, io = 0, so = 0;\n"
+            f"    for (int d = {ndim - 1}; d >= 0; --d) {{\n"
+            "      const long long c = rem % g.size[d]; rem /= g.size[d];\n"
+            "      io += c * g.istride[d];\n"
+            f"      if (d != {dim}) so += c * g.sstride[d];\n"
+            "    }\n"
+            "    const long long k = idx[io];\n"
+            "    if (k < 0 || k >= dimsize) { atomicExch(err, 1); continue; }   // never read through a bad index\n"
+            f"    out[i] = src[so + k * g.sstride[{dim}]];\n"
+            "  }\n"
+            "}\n")
+
+
+def _gather_along_kernel(d, ndim, dim, dev):
+    def make():
+        name = f"tp_gather_along_{d.name}_{ndim}_{dim}"
+        return _gather_along_source(name, d, ndim, dim), name
+    return _kernels.cached_function(("gather_along", d.code, ndim, dim), dev, make)
+
+
+def gather(input, dim, index, *, sparse_grad=False, out=None):
+    """Gather the elements of ``input`` along ``dim`` at the positions ``index`` holds.
+
+    As ``torch.gather``: for a 3-d tensor and ``dim=1``,
+    ``out[i][j][k] = input[i][index[i][j][k]][k]``. ``index`` has as many
+    dimensions as ``input``, and along every dimension but ``dim`` at most
+    ``input``'s size; the result has ``index``'s shape and ``input``'s
+    dtype. Indices are not wrapped: each must lie in ``[0, input.size(dim))``.
+
+    Parameters
+    ----------
+    input : Tensor
+        The values.
+    dim : int
+        The dimension to index along (negative counts from the end).
+    index : Tensor
+        The positions, int64, on ``input``'s device.
+    sparse_grad : bool, optional
+        Accepted for PyTorch's signature; tensorplay has no autograd.
+    out : Tensor, optional
+        Write the result here (``index``'s shape, ``input``'s dtype).
+
+    Returns
+    -------
+    Tensor
+        The gathered values.
+
+    Raises
+    ------
+    TypeError
+        If ``input`` or ``index`` is not a tensor, or ``index`` is not int64.
+    IndexError
+        If ``dim`` is out of range, or an index is out of range (on CUDA at
+        the next synchronizing host read, as for tensor indices).
+    ValueError
+        If the numbers of dimensions differ, ``index`` is larger than
+        ``input`` outside ``dim``, or the tensors are on different devices.
+
+    Notes
+    -----
+    On CUDA tensors this launches one generated NVRTC kernel on the current
+    stream, which checks the indices on the device (nothing is read out of
+    bounds); a CUDA graph can capture it.
+    """
+    if not isinstance(input, Tensor) or not isinstance(index, Tensor):
+        raise TypeError("gather expects tensors for input and index")
+    if index.dtype is not dt.int64:
+        raise TypeError(f"gather: index must be int64, got {index.dtype.name}")
+    d = normalize_dim(dim, input.ndim)
+    if max(index.ndim, 1) != max(input.ndim, 1):
+        raise ValueError(f"gather: index has {index.ndim} dimensions, input {input.ndim}; they must be equal")
+    if index._device_index != input._device_index:
+        raise ValueError(f"gather: input is on {input.device}, index on {index.device}")
+    src = input.reshape(1) if input.ndim == 0 else input          # 0-d as 1-d, as PyTorch
+    ix = index.reshape(1) if index.ndim == 0 else index
+    for k, (a, b) in enumerate(zip(ix.shape, src.shape)):
+        if k != d and a > b:
+            raise ValueError(f"gather: index has size {a} in dimension {k}, larger than input's {b}")
+    if out is not None:
+        if not isinstance(out, Tensor):
+            raise TypeError(f"out must be a Tensor, got {type(out).__name__}")
+        if out.shape != index.shape or out.dtype is not input.dtype or out._device_index != input._device_index:
+            raise ValueError(f"gather: out must have index's shape {index.shape}, input's dtype "
+                             f"{input.dtype.name} and device {input.device}")
+    dst = out if out is not None else empty(index.shape, dtype=input.dtype, device=input.device)
+    if dst.numel() == 0:
+        return dst
+    size = src.shape[d]
+    if src.is_cpu:
+        k = ix.numpy()
+        bad = (k < 0) | (k >= size)
+        if bad.any():
+            raise IndexError(f"gather: index {int(k[bad][0])} is out of bounds for dimension {d} with size {size}")
+        a = src.numpy()[tuple(slice(0, n) if j != d else slice(None) for j, n in enumerate(ix.shape))]
+        cast_into(dst.numpy(), np.take_along_axis(a, k, axis=d).reshape(dst.shape))
+        return dst
+    dev = src._device_index
+    target = dst if dst.is_contiguous() else empty(index.shape, dtype=input.dtype, device=input.device)
+    ndim = ix.ndim
+    f = _gather_along_kernel(src.dtype, ndim, d, dev)
+    n = ix.numel()
+    params = struct.pack("<QQQqqQ", target.data_ptr(), src.data_ptr(), ix.data_ptr(), n, size, _flag(dev).data_ptr())
+    params += struct.pack(f"<{3 * ndim}q", *ix.shape, *ix.strides, *src.strides)
+    f.launch(_kernels.grid_for(n, dev), _kernels.BLOCK, params)
+    _pending.add(dev)
+    if target is not dst:
+        dst.copy_(target)
+    return dst
+
+
+def masked_fill(input, mask, value, *, _inplace=False):
+    """``input`` with ``value`` where the bool ``mask`` (broadcast to
+    ``input``'s shape) is true: a new tensor, or ``input`` itself with
+    ``_inplace``; ``value`` (a number or a 0-d tensor) is cast to
+    ``input``'s dtype."""
+    name = "masked_fill_" if _inplace else "masked_fill"
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name}: mask must be a bool tensor, got {type(mask).__name__}")
+    if mask.dtype is not dt.bool_:
+        raise TypeError(f"{name}: mask must be a bool tensor, got {mask.dtype.name}")
+    if isinstance(value, Tensor):
+        if value.ndim:
+            raise ValueError(f"{name}: value must be a number or a 0-d tensor, got a {value.ndim}-d tensor")
+        v = value if value.dtype is input.dtype else value.to(input.dtype)
+        if v.is_cpu and input.is_cuda:
+            v = v.item()
+    elif isinstance(value, (numbers.Real, np.generic)) and not isinstance(value, np.ndarray):
+        v = check_value(value, input.dtype, fill=True)
+        if input.dtype is dt.bool_:
+            v = bool(v)
+    else:
+        raise TypeError(f"{name}: value must be a number or a 0-d tensor, got {type(value).__name__}")
+    if broadcast_shape(mask.shape, input.shape) != input.shape:
+        raise ValueError(f"{name}: the mask's shape {mask.shape} does not broadcast to the tensor's {input.shape}")
+    out = input if _inplace else empty(input.shape, dtype=input.dtype, device=input.device)
+    return where(mask, v, input, out=out)
 
 
 def getitem(t, index):

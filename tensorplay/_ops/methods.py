@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 
+from tensorplay import _dtypes
 from tensorplay._ops import creation as _creation
 from tensorplay._ops import distributions as _distributions
 from tensorplay._ops import elementwise as _elementwise
@@ -19,6 +20,9 @@ from tensorplay._ops import linalg as _linalg
 from tensorplay._ops import promotion as _promotion
 from tensorplay._ops import reduce as _reduce
 from tensorplay._ops import sampling as _sampling
+from tensorplay._ops import scan as _scan
+from tensorplay._ops import softmax as _softmax
+from tensorplay._ops import sorting as _sorting
 from tensorplay._ops import views as _views
 from tensorplay._ops.elementwise import apply
 
@@ -33,7 +37,9 @@ NO_INPLACE = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite")
 ALIASES = {"true_divide": "div", "multiply": "mul", "subtract": "sub", "negative": "neg"}
 # the functions that are also Tensor methods (besides the elementwise ops)
 METHOD_FUNCTIONS = ("sum", "prod", "amax", "amin", "all", "any", "max", "min", "argmax", "argmin",
-                    "mean", "var", "std", "norm", "dot", "matmul", "mv", "addmm", "clamp", "multinomial")
+                    "mean", "var", "std", "norm", "dot", "matmul", "mv", "addmm", "clamp", "multinomial",
+                    "softmax", "log_softmax", "cumsum", "sort", "topk", "gather", "tril", "triu", "isclose",
+                    "allclose")
 
 # What each op computes: the first line of its docstring, about ``input``.
 SUMMARIES = {
@@ -186,6 +192,11 @@ FUNCTIONS.update({
     "addmm": _linalg.addmm, "linear": _linalg.linear,
     "linspace": _creation.linspace, "eye": _creation.eye, "cat": _creation.cat, "stack": _creation.stack,
     "randperm": _sampling.randperm, "multinomial": _sampling.multinomial,
+    "softmax": _softmax.softmax, "log_softmax": _softmax.log_softmax, "cumsum": _scan.cumsum,
+    "sort": _sorting.sort, "topk": _sorting.topk, "gather": _indexing.gather,
+    "tril": _elementwise.tril, "triu": _elementwise.triu,
+    "isclose": _elementwise.isclose, "allclose": _elementwise.allclose,
+    "get_default_dtype": _dtypes.get_default_dtype,
 })
 for _alias, _op in ALIASES.items():
     FUNCTIONS[_alias] = _alias_fn(_alias, _op)
@@ -272,6 +283,87 @@ def _where(self, condition, other):
     return _elementwise.where(condition, self, other)
 
 
+# PyTorch's dtype conversions: method name -> dtype
+CONVERSIONS = {"float": _dtypes.float32, "half": _dtypes.float16, "double": _dtypes.float64,
+               "int": _dtypes.int32, "long": _dtypes.int64, "bool": _dtypes.bool_,
+               "bfloat16": _dtypes.bfloat16}
+
+
+def _conversion(name, d):
+    def method(self):
+        return self.to(d)
+    return _method_name(method, name, f"""Return this tensor as {d.name}: ``self.to(tensorplay.{d.name})``.
+
+As PyTorch's conversion method of the same name: ``self`` when it already
+is {d.name}, else a copy on the same device (cast by the rule of
+:meth:`to`).
+
+Returns
+-------
+Tensor
+    The tensor in {d.name}.
+""")
+
+
+def _type_as(self, other):
+    return self.to(other.dtype)
+
+
+_TYPE_AS_DOC = """Return this tensor with ``other``'s dtype: ``self.to(other.dtype)``.
+
+Parameters
+----------
+other : Tensor
+    The tensor whose dtype to take.
+
+Returns
+-------
+Tensor
+    ``self`` when the dtypes match, else a copy cast to ``other``'s dtype.
+"""
+
+
+def _masked_fill(self, mask, value):
+    return _indexing.masked_fill(self, mask, value)
+
+
+def _masked_fill_(self, mask, value):
+    return _indexing.masked_fill(self, mask, value, _inplace=True)
+
+
+_MASKED_FILL_DOC = """Return a copy of this tensor with ``value`` where ``mask`` is true{inplace}.
+
+As ``torch.Tensor.masked_fill{suffix}``: ``mask`` is a bool tensor that
+broadcasts to this tensor's shape; ``value``, a number or a 0-d tensor, is
+cast to this tensor's dtype (a number must fit it, as for :meth:`fill_`).
+
+Parameters
+----------
+mask : Tensor
+    Where to write ``value`` (bool, on this tensor's device, broadcast).
+value : bool, int, float or Tensor
+    The value, a number or a 0-d tensor.
+
+Returns
+-------
+Tensor
+    {returns}
+
+Raises
+------
+TypeError
+    If ``mask`` is not a bool tensor or ``value`` not a number or a 0-d tensor.
+ValueError
+    If ``mask`` does not broadcast to this tensor's shape.
+
+Notes
+-----
+On CUDA tensors this launches one generated NVRTC kernel
+(:func:`tensorplay.where`) on the current stream; a CUDA graph can
+capture it.
+"""
+
+
 def install(Tensor):
     """Attach operators and op methods to Tensor."""
     for op in BINARY:
@@ -308,6 +400,17 @@ def install(Tensor):
     Tensor.clamp_ = _method_name(_clamp_, "clamp_", _about_self(
         "Limit the elements of ``input`` to [``min``, ``max``], in place; see :func:`tensorplay.clamp`.\n"
         "\nReturns ``self``.\n"))
+    for name, fn in _creation.TENSOR_METHODS.items():
+        setattr(Tensor, name, _method_name(fn, name, fn.__doc__))
+    Tensor.mT = property(_method_name(_views.tensor_mT, "mT", _views.tensor_mT.__doc__))
+    for name, d in CONVERSIONS.items():
+        setattr(Tensor, name, _conversion(name, d))
+    Tensor.type_as = _method_name(_type_as, "type_as", _TYPE_AS_DOC)
+    Tensor.masked_fill = _method_name(_masked_fill, "masked_fill", _MASKED_FILL_DOC.format(
+        inplace="", suffix="", returns="A new tensor of this tensor's shape and dtype."))
+    Tensor.masked_fill_ = _method_name(_masked_fill_, "masked_fill_", _MASKED_FILL_DOC.format(
+        inplace=", in place", suffix="_", returns="``self``.").replace("Return a copy of this tensor with",
+                                                                        "Write"))
     Tensor.where = _method_name(_where, "where", (
         "Choose elements of this tensor where ``condition`` is true, else of ``other``; "
         "see :func:`tensorplay.where`.\n"))

@@ -13,6 +13,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from tensorplay import _dtypes as dt
 from tensorplay._tensor.args import contiguous_strides, normalize_dim
+from tensorplay._tensor.creation import empty
 from tensorplay._tensor.tensor import new_cpu, new_cuda, view_of
 
 
@@ -430,4 +431,144 @@ def tensor_squeeze(self, dim=None):
     return squeeze(self, dim)
 
 
-TENSOR_METHODS = {"view": tensor_view, "reshape": tensor_reshape, "flatten": tensor_flatten, "transpose": tensor_transpose, "permute": tensor_permute, "expand": tensor_expand, "unsqueeze": tensor_unsqueeze, "squeeze": tensor_squeeze}
+def tensor_t(self):
+    """Return the transpose of a matrix (a view); a tensor of fewer than 2 dimensions as it is.
+
+    As ``torch.Tensor.t``.
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage.
+
+    Raises
+    ------
+    ValueError
+        For a tensor of more than 2 dimensions (use :meth:`transpose` or :attr:`mT`).
+    """
+    if self.ndim > 2:
+        raise ValueError(f"t() expects a tensor of at most 2 dimensions, got {self.ndim}; "
+                         f"use transpose(dim0, dim1) or .mT")
+    if self.ndim < 2:
+        return getitem(self, ())
+    return permute(self, [1, 0])
+
+
+def tensor_mT(self):
+    """This tensor with its last two dimensions swapped (a view): the transpose of each matrix in a batch."""
+    if self.ndim < 2:
+        raise ValueError(f".mT needs a tensor of at least 2 dimensions, got {self.ndim}")
+    perm = list(range(self.ndim))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return permute(self, perm)
+
+
+def tensor_detach(self):
+    """Return a view of this tensor sharing its storage, as ``torch.Tensor.detach`` (there is no autograd).
+
+    Returns
+    -------
+    Tensor
+        A new tensor object over the same memory, shape and strides.
+    """
+    return getitem(self, ())
+
+
+def tensor_view_as(self, other):
+    """Return a view of this tensor with ``other``'s shape: ``self.view(other.shape)``.
+
+    Parameters
+    ----------
+    other : Tensor
+        The tensor whose shape to take.
+
+    Returns
+    -------
+    Tensor
+        A view sharing this tensor's storage.
+    """
+    return view(self, tuple(other.shape))
+
+
+def _int_args(args, what):
+    """Varargs of ints or one sequence of ints, as a tuple of ints."""
+    if len(args) == 1 and not isinstance(args[0], numbers.Integral):
+        args = tuple(args[0])
+    for a in args:
+        if isinstance(a, bool) or not isinstance(a, numbers.Integral):
+            raise TypeError(f"{what} takes ints, got {a!r}")
+    return tuple(int(a) for a in args)
+
+
+def tensor_flip(self, *dims):
+    """Return a copy with the order of the elements reversed along ``dims``.
+
+    As ``torch.flip`` (a copy, not a view).
+
+    Parameters
+    ----------
+    *dims : int or sequence of int
+        The dimensions to reverse: ``flip(0, 1)`` or ``flip((0, 1))``.
+
+    Returns
+    -------
+    Tensor
+        A new contiguous tensor.
+
+    Raises
+    ------
+    IndexError
+        If a dimension is out of range.
+    ValueError
+        If a dimension appears twice.
+    """
+    dims = [normalize_dim(d, self.ndim) for d in _int_args(dims, "flip")]
+    if len(set(dims)) != len(dims):
+        raise ValueError(f"flip: dims {tuple(dims)} name a dimension more than once")
+    if self.ndim == 0:
+        return self.clone()
+    index = tuple(slice(None, None, -1) if k in dims else slice(None) for k in range(self.ndim))
+    return getitem(self, index).clone()
+
+
+def tensor_repeat(self, *sizes):
+    """Return this tensor repeated ``sizes[k]`` times along each dimension ``k``.
+
+    As ``torch.Tensor.repeat`` (NumPy's ``tile``): ``sizes`` may have more
+    entries than the tensor has dimensions, which adds leading ones.
+
+    Parameters
+    ----------
+    *sizes : int or sequence of int
+        The number of copies along each dimension, at least 0.
+
+    Returns
+    -------
+    Tensor
+        A new contiguous tensor of shape ``sizes[k] * shape[k]``.
+
+    Raises
+    ------
+    ValueError
+        For fewer sizes than dimensions, or a negative size.
+    """
+    sizes = _int_args(sizes, "repeat")
+    if len(sizes) < self.ndim:
+        raise ValueError(f"repeat: {len(sizes)} sizes for a tensor of {self.ndim} dimensions; give at least "
+                         f"one per dimension")
+    if any(r < 0 for r in sizes):
+        raise ValueError(f"repeat: sizes must be non-negative, got {sizes}")
+    shape = (1,) * (len(sizes) - self.ndim) + tuple(self.shape)
+    pairs, split = [], []
+    for r, s in zip(sizes, shape):
+        pairs += [1, s]
+        split += [r, s]
+    result = empty(tuple(r * s for r, s in zip(sizes, shape)), dtype=self.dtype, device=self.device)
+    if result.numel():
+        view(result, tuple(split)).copy_(expand(reshape(self, tuple(pairs)), tuple(split)))
+    return result
+
+
+TENSOR_METHODS = {"view": tensor_view, "reshape": tensor_reshape, "flatten": tensor_flatten, "transpose": tensor_transpose, "permute": tensor_permute, "expand": tensor_expand, "unsqueeze": tensor_unsqueeze, "squeeze": tensor_squeeze,
+                  "t": tensor_t, "detach": tensor_detach, "view_as": tensor_view_as, "flip": tensor_flip,
+                  "repeat": tensor_repeat}

@@ -63,6 +63,19 @@ template <class T> T __shfl_down_sync(unsigned int, T v, int offset) {
   return r;
 }
 
+template <class T> T __shfl_up_sync(unsigned int, T v, int offset) {
+  static_assert(sizeof(T) <= 8, "8-byte lanes");
+  const unsigned int t = threadIdx.x, lane = t & 31;
+  unsigned long long word = 0;
+  std::memcpy(&word, &v, sizeof(T));
+  tp_emu::lanes[t] = word;
+  tp_emu::warp_barriers[t >> 5]->arrive_and_wait();
+  T r = v;
+  if (lane >= (unsigned int)offset) std::memcpy(&r, &tp_emu::lanes[t - offset], sizeof(T));
+  tp_emu::warp_barriers[t >> 5]->arrive_and_wait();
+  return r;
+}
+
 inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 
 inline double __dadd_rn(double a, double b) { return a + b; }
@@ -78,9 +91,29 @@ inline double __hiloint2double(int hi, int lo) {
 }
 inline unsigned int __float_as_uint(float f) { unsigned int r; std::memcpy(&r, &f, 4); return r; }
 inline float __uint_as_float(unsigned int x) { float r; std::memcpy(&r, &x, 4); return r; }
+inline float __int_as_float(int x) { float r; std::memcpy(&r, &x, 4); return r; }
 
 // The storage types and loads of codegen.PREAMBLE (which converts half types with PTX).
 typedef unsigned short tp_half;
 typedef unsigned short tp_bf16;
 inline float tp_h2f(tp_half h) { _Float16 f; std::memcpy(&f, &h, 2); return (float)f; }
 inline float tp_b2f(tp_bf16 b) { return __uint_as_float(((unsigned int)b) << 16); }
+template <class A, class B> struct tp_same { static constexpr bool value = false; };
+template <class A> struct tp_same<A, A> { static constexpr bool value = true; };
+// The store to an integer type, as codegen.PREAMBLE's (plain C++ there too).
+template <class T, class V> T tp_to_int(V v) {
+  if constexpr (tp_same<V, float>::value || tp_same<V, double>::value) {
+    constexpr bool is_signed = (T)-1 < 0;
+    constexpr int bits = 8 * sizeof(T);
+    constexpr unsigned long long umax = is_signed ? (1ULL << (bits - 1)) - 1ULL
+                                                  : (bits == 64 ? ~0ULL : (1ULL << bits) - 1ULL);
+    const V top = (V)umax + (V)1;
+    const V bottom = is_signed ? -top : (V)0;
+    if (v != v) return (T)0;
+    if (v >= top) return (T)umax;
+    if (v <= bottom) return is_signed ? (T)(-(long long)umax - 1LL) : (T)0;
+    return (T)v;
+  } else {
+    return (T)v;
+  }
+}

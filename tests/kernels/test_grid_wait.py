@@ -15,7 +15,8 @@ from helpers import ptx_of, run_python
 from tensorplay import _dtypes as dt
 from tensorplay._graph import kernel_catalog
 from tensorplay._graph import kernels as graph_kernels
-from tensorplay._kernels import cache, codegen, param_upload, random_kernels, sampling_kernels, sort_kernels
+from tensorplay._kernels import (cache, codegen, param_upload, random_kernels, sampling_kernels, scan_kernels,
+                                 sort_kernels)
 from tensorplay._ops import indexing
 
 # What touches memory another kernel may write or read: loads, stores and
@@ -27,13 +28,16 @@ MEMORY_ACCESS = r"^\s*(ld|st|atom|red|cp\.async)\.(?!param|shared|local|const)|^
 def _library_kernels():
     """Every kernel family the library generates, as KernelSpecs (collected
     without a GPU): the precompile catalog for float32, plus the kernels it
-    does not hold (sorting, indexing, sampling, parameter upload)."""
+    does not hold (sorting, indexing, scans, sampling, parameter upload)."""
     specs = list(kernel_catalog.catalog_kernels(list(kernel_catalog.CATALOG), [dt.float32]))
     dev = cache.COLLECT_DEVICE
     for call, *args in [(sort_kernels.sort_function, "block", dev), (sort_kernels.sort_function, "global", dev),
                         (sort_kernels.sort_function, "merge", dev),
                         (indexing._kernel, "gather", dt.float32, 2, 0, dev),
                         (indexing._kernel, "scatter", dt.float16, 3, 1, dev),
+                        (indexing._gather_along_kernel, dt.float32, 3, 1, dev),
+                        (scan_kernels.scan_function, dt.float16, dt.float16, dev),
+                        (scan_kernels.add_function, dt.int64, dt.int64, dev),
                         (sampling_kernels.race_keys_function, dt.float32, dev),
                         (sampling_kernels.inverse_cdf_function, dt.bfloat16, dev),
                         (param_upload.param_write_function, 64, dev),
@@ -73,7 +77,8 @@ def test_the_catalog_covers_every_kernel_family():
     assert len(SPECS) > 150
     for family in ("tp_add", "tp_reduce_row_sum", "tp_reduce_column_sum", "tp_tiled_copy", "tp_rng", "tp_set_conditional", "tp_set_switch",
                    "tp_multi_copy", "tp_sort_block", "tp_sort_global", "tp_sort_merge", "tp_gather", "tp_scatter",
-                   "tp_race_keys", "tp_inverse_cdf", "tp_write_param_bytes"):
+                   "tp_race_keys", "tp_inverse_cdf", "tp_write_param_bytes", "tp_gather_along", "tp_scan_",
+                   "tp_scan_add"):
         assert any(n.startswith(family) for n in names), family
 
 

@@ -1,19 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The generated CUDA C of the sort, sampling and flat elementwise kernels, run on the CPU.
+"""The generated CUDA C of the sort, sampling, scan and flat elementwise kernels, run on the CPU.
 
 tests/kernels/cuda_emulator.hpp gives the kernels just enough of CUDA (one OS thread
 per CUDA thread, the blocks one after another, __syncthreads as a barrier,
 warp shuffles, the __d*_rn intrinsics as single IEEE operations), so g++
 builds the very sources NVRTC compiles. The launches go through the real
-launchers of tensorplay._ops.sampling (their argument packing, grids and
-step schedule) with fake CUDA tensors over NumPy arrays, and the results
-are compared with NumPy: the stable argsort and the NumPy twins of
-sampling_kernels. Catches what compiling alone cannot (a missing barrier,
-a wrong index, a reduction that drops a warp); not timing, memory
-ordering between blocks, or what only the GPU's compiler does.
+launchers of tensorplay._ops.sampling and tensorplay._ops.scan (their
+argument packing, grids and step schedule) with fake CUDA tensors over
+NumPy arrays, and the results are compared with NumPy: the stable argsort,
+the NumPy twins of sampling_kernels and of the sort keys, and np.cumsum.
+Catches what compiling alone cannot (a missing barrier, a wrong index, a
+reduction that drops a warp); not timing, memory ordering between blocks,
+or what only the GPU's compiler does.
 """
 
 import ctypes
+import functools
 import os
 import re
 import shutil
@@ -28,7 +30,9 @@ from tensorplay._kernels import cache
 from tensorplay._kernels import codegen
 from tensorplay._kernels import sampling_kernels as sk
 from tensorplay._kernels import sort_kernels
+from tensorplay._kernels import scan_kernels
 from tensorplay._ops import sampling as _sampling
+from tensorplay._ops import scan as _scan_ops
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CXX = shutil.which("g++") or shutil.which("c++")
@@ -36,6 +40,34 @@ CXX = shutil.which("g++") or shutil.which("c++")
 
 # Flat elementwise kernels (contiguous operands): out = in0 * 2 + s0
 FLAT = {"tp_emu_flat_f32": dt.float32, "tp_emu_flat_f64": dt.float64}
+# The sort keys of sort and topk (flat elementwise kernels): name -> (dtype, descending)
+KEYS = {f"tp_emu_key_{d.name}_{int(desc)}": (d, desc)
+        for d in (dt.float32, dt.float64, dt.float16, dt.bfloat16, dt.int64, dt.int32, dt.uint8, dt.bool_)
+        for desc in (False, True)}
+# The scan kernels: (input dtype, output dtype) of the chunk scans; the chunk
+# totals scan and add in the accumulator's dtype
+SCANS = [(dt.float32, dt.float32), (dt.float64, dt.float64), (dt.int32, dt.int64), (dt.bool_, dt.int64),
+         (dt.int64, dt.int64), (dt.int64, dt.int32), (dt.float32, dt.int64)]
+# A small scan configuration: 2 elements a thread, blocks of up to 64 threads
+SMALL_SCAN = {"items": 2, "block": 64}
+SCAN_PLAN = scan_kernels.scan_plan
+
+
+def _scan_sources():
+    out = {}
+    for in_t, out_t in SCANS:
+        acc = scan_kernels.acc_dtype(in_t)
+        for o in (out_t, acc):
+            name = f"tp_scan_{in_t.name}_{acc.name}_{o.name}"
+            out[name] = scan_kernels.scan_source(name, in_t, acc, o)
+            out[name + "_small"] = scan_kernels.scan_source(name + "_small", in_t, acc, o, **SMALL_SCAN)
+            for level in (acc, o):      # the chunk totals' scans, and the add pass
+                name = f"tp_scan_{acc.name}_{acc.name}_{level.name}"
+                out[name] = scan_kernels.scan_source(name, acc, acc, level)
+                out[name + "_small"] = scan_kernels.scan_source(name + "_small", acc, acc, level, **SMALL_SCAN)
+            name = f"tp_scan_add_{acc.name}_{o.name}"
+            out[name] = scan_kernels.add_source(name, acc, o)
+    return list(out.items())
 
 
 def _all_sources():
@@ -43,6 +75,9 @@ def _all_sources():
     modules, and the flat elementwise kernels of FLAT."""
     out = [(name, make()) for make, name in sort_kernels.SOURCES.values()]
     out += [(name, codegen.elementwise_source(name, d, (d,), "a0 * 2 + s0", 0, ("f",))) for name, d in FLAT.items()]
+    out += [(name, codegen.elementwise_source(name, dt.int64, (d,), sort_kernels.key_expr(d, desc), 0, (),
+                                              sort_kernels.KEY_PREAMBLE)) for name, (d, desc) in KEYS.items()]
+    out += _scan_sources()
     for d in sk.WEIGHT_DTYPES:
         for make in (sk.race_keys_source, sk.inverse_cdf_source):
             src, name = make(d)
@@ -277,3 +312,119 @@ def test_flat_kernels_cover_every_element_with_the_plans_grid(emulated, monkeypa
             assert block == cache.BLOCK and grid * block < m <= grid * block * width
         else:                                                  # tiles, grid-stride
             assert block == cache.BLOCK and grid * block * width < m
+
+
+# ------------------------------------------------------------------ sort keys
+
+def _key_values(d, rng):
+    """Values of dtype ``d`` with what orders hard: ties, signed zeros, NaN, the extremes."""
+    if d.kind == "b":
+        return np.array([True, False, False, True, True])
+    if d.kind in "iu":
+        info = np.iinfo(d.numpy_dtype)
+        v = rng.integers(info.min, info.max, size=300, dtype=d.numpy_dtype, endpoint=True)
+        return np.concatenate([v, np.array([info.min, info.max, 0, 1, 0, info.max], dtype=d.numpy_dtype)])
+    v = rng.standard_normal(300) * 10.0 ** rng.integers(-3, 4, size=300)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, 1.0, -1.0, 5e-324, -5e-324, 1e300, -1e300]
+    with np.errstate(over="ignore"):                # 1e300 is inf in the narrow types
+        return np.concatenate([v, special]).astype(d.numpy_dtype)
+
+
+@pytest.mark.parametrize("name", KEYS)
+def test_sort_key_kernels_match_their_numpy_twin(emulated, monkeypatch, name):
+    """The keys the CUDA kernel computes are sort_kernels.sort_keys' bit for
+    bit, and their stable argsort is the stable sort of the values as
+    PyTorch orders them (NaN last, -0.0 equal to 0.0)."""
+    monkeypatch.setitem(cache._sm_cache, 0, 4)
+    d, desc = KEYS[name]
+    vals = _key_values(d, np.random.default_rng(len(name)))
+    n = vals.size
+    f = _EmulatedFunction(emulated, name)
+    keys = np.zeros(n, dtype=np.int64)
+    src = np.ascontiguousarray(vals)
+    plan = cache.LaunchPlan(f, 0, n, 2, (), (), (), itemsizes=(8, d.itemsize))
+    plan.launch([keys.ctypes.data, src.ctypes.data], [], 0)
+    twin = sort_kernels.sort_keys(vals, desc)
+    np.testing.assert_array_equal(keys.view(np.uint64), twin)
+    if d.kind == "f":
+        w = vals.astype(np.float64)
+        nan = np.isnan(w)
+        w = np.where(nan, 0.0, w)
+        # NaN after every value ascending, before every value descending; stable: lexsort is
+        expect = np.lexsort((-w, ~nan)) if desc else np.lexsort((w, nan))
+    else:
+        w = vals.astype(np.int64)
+        expect = np.argsort(~w if desc else w, kind="stable")
+    np.testing.assert_array_equal(np.argsort(twin, kind="stable"), expect)
+
+
+# ------------------------------------------------------------------ scans
+
+@pytest.fixture
+def scans(emulated, monkeypatch):
+    """Route the scan launcher to the emulated kernels and fake its allocations."""
+    monkeypatch.setattr(_scan_ops, "empty_cuda",
+                        lambda shape, dtype, dev: FakeCudaTensor(np.empty(shape, dtype=dtype.numpy_dtype)))
+    monkeypatch.setitem(cache._sm_cache, 0, 4)
+
+    def route(small):
+        suffix = "_small" if small else ""
+        launched = []
+
+        def scan_function(in_t, out_t, device):
+            acc = scan_kernels.acc_dtype(in_t)
+            f = _EmulatedFunction(emulated, f"tp_scan_{in_t.name}_{acc.name}_{out_t.name}{suffix}")
+            launched.append(f)
+            return f
+
+        def add_function(acc, out_t, device):
+            f = _EmulatedFunction(emulated, f"tp_scan_add_{acc.name}_{out_t.name}")
+            launched.append(f)
+            return f
+        monkeypatch.setattr(scan_kernels, "scan_function", scan_function)
+        monkeypatch.setattr(scan_kernels, "add_function", add_function)
+        if small:
+            monkeypatch.setattr(scan_kernels, "scan_plan", functools.partial(SCAN_PLAN, **SMALL_SCAN))
+        return launched
+    return route
+
+
+def _scan_input(in_t, rows, n, rng):
+    if in_t.kind == "b":
+        return rng.random((rows, n)) < 0.5
+    if in_t.kind == "f":
+        return rng.integers(-4, 5, size=(rows, n)).astype(in_t.numpy_dtype)   # sums exact in float32
+    return rng.integers(-1000, 1000, size=(rows, n)).astype(in_t.numpy_dtype)
+
+
+@pytest.mark.parametrize("in_t, out_t", SCANS, ids=lambda d: d.name)
+@pytest.mark.parametrize("rows, n", [(1, 1), (1, 5), (3, 100), (2, 256), (1, 4096), (1, 4097), (2, 9000)])
+def test_scan_rows_gives_the_cumulative_sums(scans, in_t, out_t, rows, n):
+    launched = scans(small=False)
+    rng = np.random.default_rng(rows * 10007 + n)
+    x = _scan_input(in_t, rows, n, rng)
+    out = np.full((rows, n), 77, dtype=out_t.numpy_dtype)
+    _scan_ops.scan_rows(FakeCudaTensor(x, in_t), rows, n, FakeCudaTensor(out, out_t))
+    expect = np.cumsum(x.astype(scan_kernels.acc_dtype(in_t).numpy_dtype), axis=1)
+    np.testing.assert_array_equal(out, expect.astype(out_t.numpy_dtype))
+    chunks = scan_kernels.scan_plan(n)[2]
+    assert len(launched) == (1 if chunks == 1 else 3)
+
+
+@pytest.mark.parametrize("in_t, out_t", [(dt.float64, dt.float64), (dt.int32, dt.int64)], ids=lambda d: d.name)
+@pytest.mark.parametrize("rows, n", [(1, 63), (2, 129), (1, 5000), (3, 20000)])
+def test_scan_rows_with_small_blocks_takes_several_levels(scans, in_t, out_t, rows, n):
+    """Chunks of 128 elements: 20000 elements take three levels of chunk totals."""
+    launched = scans(small=True)
+    rng = np.random.default_rng(n)
+    x = _scan_input(in_t, rows, n, rng)
+    out = np.zeros((rows, n), dtype=out_t.numpy_dtype)
+    _scan_ops.scan_rows(FakeCudaTensor(x, in_t), rows, n, FakeCudaTensor(out, out_t))
+    np.testing.assert_array_equal(out, np.cumsum(x, axis=1).astype(out_t.numpy_dtype))
+    levels, m = 1, n
+    while SCAN_PLAN(m, **SMALL_SCAN)[2] > 1:
+        m = SCAN_PLAN(m, **SMALL_SCAN)[2]
+        levels += 1
+    assert len(launched) == 1 + 2 * (levels - 1)
+    if n == 20000:
+        assert levels == 3

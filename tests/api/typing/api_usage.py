@@ -46,6 +46,26 @@ def reductions(a: tp.Tensor) -> None:
     tp.sum(a, 0, False, tp.float64)  # type: ignore[call-arg]  # dtype is keyword-only
 
 
+def pytorch_names(a: tp.Tensor, idx: tp.Tensor) -> None:
+    assert_type(tp.sort(a, descending=True), tp.return_types.sort[tp.Tensor])
+    values, indices = a.sort(0, stable=True)
+    assert_type(indices, tp.Tensor)
+    assert_type(tp.topk(a, 3, largest=False).values, tp.Tensor)
+    assert_type(a.softmax(-1), tp.Tensor)
+    assert_type(tp.log_softmax(a, 1, dtype=tp.float64), tp.Tensor)
+    assert_type(tp.nn.functional.softmax(a, dim=0), tp.Tensor)
+    assert_type(a.cumsum(0, dtype="int64"), tp.Tensor)
+    assert_type(tp.gather(a, 1, idx), tp.Tensor)
+    assert_type(tp.allclose(a, a), bool)
+    assert_type(a.isclose(a, equal_nan=True), tp.Tensor)
+    assert_type(a.float().half().int().long().bool().double().bfloat16(), tp.Tensor)
+    assert_type(a.mT.t().detach().flip(0).repeat(2, 1), tp.Tensor)
+    assert_type(a.new_zeros(2, 3).new_full((2,), 1.5, dtype=tp.float16), tp.Tensor)
+    assert_type(a.masked_fill(a > 0, 0.0).type_as(idx).view_as(idx), tp.Tensor)
+    assert_type(tp.get_default_dtype(), tp.dtype)
+    tp.cumsum(a, 0, tp.int64)  # type: ignore[call-arg]  # dtype is keyword-only
+
+
 def narrowing(obj: object, where: DeviceLike) -> tp.Tensor:
     if tp.is_tensor(obj):
         assert_type(obj, tp.Tensor)
