@@ -2,7 +2,8 @@
 """What did I capture? describe() and debug_dump() of a graph with a WHILE
 node holding an IF node.
 
-Run from anywhere but the repository root:  python examples/debug_dump.py [out.dot|out.svg]
+Run:  python examples/debug_dump.py [out.dot|out.svg]
+(in a clone: bash scripts/setup.sh, then .venv/bin/python in place of python)
 """
 
 from __future__ import annotations

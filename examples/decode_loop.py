@@ -24,7 +24,8 @@ time), host CPU time per generated token, steps run; then the WHILE node's
 cost per iteration against an unrolled graph of the same steps, and what
 happens when a Hugging Face ``transformers`` GPT-2 decode step is captured.
 
-Run from anywhere but the repository root (needs a GPU and PyTorch):
+Needs a GPU and PyTorch. Run (in a clone: bash scripts/setup.sh, then
+.venv/bin/python in place of python):
     python examples/decode_loop.py [--quick] [--models small,gpt2-small] [--batches 1,8] [--json PATH]
 """
 

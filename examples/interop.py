@@ -3,7 +3,8 @@
 CuPy (DLPack and the CUDA Array Interface), and a tensorplay graph that reads
 a PyTorch tensor's memory.
 
-Run from anywhere but the repository root:  python examples/interop.py
+Run:  python examples/interop.py
+(in a clone: bash scripts/setup.sh, then .venv/bin/python in place of python)
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Quick start: capture a few GPU ops into a CUDA graph and replay it.
 
-Run from anywhere but the repository root:  python examples/quickstart.py
+Run:  python examples/quickstart.py
+(in a clone: bash scripts/setup.sh, then .venv/bin/python in place of python)
 """
 
 from __future__ import annotations

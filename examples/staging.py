@@ -6,7 +6,8 @@ new data has to land in them before the replay. ``stage_and_launch`` does the
 copies and the replay in one call; ``cudagraphify`` wraps a function so that
 every call does exactly that.
 
-Run from anywhere but the repository root:  python examples/staging.py
+Run:  python examples/staging.py
+(in a clone: bash scripts/setup.sh, then .venv/bin/python in place of python)
 """
 
 from __future__ import annotations

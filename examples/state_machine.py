@@ -7,7 +7,8 @@ map), state 2 is the final state (x reached 1) and counts the finish. The next
 state is computed on the device, so the whole run, however many steps it
 takes, is one graph launch; the host version reads the state back after
 every step to decide what to launch next.
-Run from anywhere but the repository root:  python examples/state_machine.py
+Run:  python examples/state_machine.py
+(in a clone: bash scripts/setup.sh, then .venv/bin/python in place of python)
 """
 
 from __future__ import annotations

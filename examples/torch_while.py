@@ -11,7 +11,8 @@ one graph launch and one wait, however many iterations it takes. The same
 loop run eagerly reads the flag on the host (``.item()``) after every
 iteration: one synchronization per iteration.
 
-Needs a GPU and PyTorch. Run from anywhere but the repository root:
+Needs a GPU and PyTorch. Run (in a clone: bash scripts/setup.sh, then
+.venv/bin/python in place of python):
     python examples/torch_while.py
 """
 

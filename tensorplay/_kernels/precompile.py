@@ -16,7 +16,9 @@ the ``tensorplay.nvrtc`` logger, which also logs each compilation.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
+import re
 import sys
 import threading
 import time
@@ -27,7 +29,8 @@ from typing import Any
 from tensorplay._driver.context import CudaUnavailableError, device_count, is_available, unavailable_reason
 from tensorplay._kernels import cache, nvrtc
 
-__all__ = ["compile_kernels", "compile_progress", "resolve_archs", "check_progress", "check_workers", "default_workers"]
+__all__ = ["compile_kernels", "compile_progress", "resolve_archs", "valid_archs", "check_progress", "check_workers",
+           "default_workers"]
 
 logger = nvrtc.logger
 
@@ -40,13 +43,49 @@ def default_workers() -> int:
     return min(8, os.cpu_count() or 1)
 
 
-def resolve_archs(arch: int | Iterable[int] | None, what: str = "precompile") -> list[int]:
-    """The compute capabilities to compile for, as ints (90 for 9.0).
+# The forms of ``arch`` that precompile (and resolve_archs) accept, for messages.
+ARCH_FORMS = "an int such as 90 (compute capability 9.0), a string such as 'sm_90' or '90', or a list of them"
+
+
+def valid_archs() -> list[int]:
+    """The compute capabilities an explicit ``arch`` may name: those this
+    NVRTC compiles CUBIN for (``nvrtcGetSupportedArchs``)."""
+    return sorted(nvrtc.supported_archs())
+
+
+def _targets(valid: list[int]) -> str:
+    return f"NVRTC {'.'.join(map(str, nvrtc.nvrtc_version()))} targets {', '.join(map(str, valid))}"
+
+
+def _one_arch(a: object, what: str, valid: list[int]) -> int:
+    """One ``arch`` item as an int, or a TypeError/ValueError naming the valid targets."""
+    if isinstance(a, str):
+        m = re.fullmatch(r"(?:sm_)?([0-9]+)", a.strip())
+        if m is None:
+            raise ValueError(f"{what}: arch {a!r} is not an architecture; arch must be {ARCH_FORMS}. "
+                             f"{_targets(valid)}")
+        value = int(m.group(1))
+    elif isinstance(a, bool) or not isinstance(a, numbers.Integral):
+        raise TypeError(f"{what}: arch must be {ARCH_FORMS}, got {a!r} ({type(a).__name__}). {_targets(valid)}")
+    else:
+        value = int(a)
+    if value not in valid:
+        hint = f" (compute capability {value}.0 is arch={value}0)" if 0 < value < 10 else ""
+        raise ValueError(f"{what}: cannot compile for arch={a!r}{hint}: {_targets(valid)}")
+    return value
+
+
+def resolve_archs(arch: int | str | Iterable[int | str] | None, what: str = "precompile") -> list[int]:
+    """The compute capabilities to compile for, as sorted distinct ints (90 for 9.0).
 
     ``arch`` None means each visible GPU's (CudaUnavailableError without
-    one: NVRTC needs no GPU, but then the architecture must be named); an
-    int or ints are checked against what this NVRTC can target (a newer
-    one than it knows gets PTX, as :func:`~tensorplay._kernels.nvrtc.target_for` says).
+    one: NVRTC needs no GPU, but then the architecture must be named; a GPU
+    newer than this NVRTC gets PTX, as :func:`~tensorplay._kernels.nvrtc.target_for`
+    says). Otherwise one rule: an int (90), a string ``"sm_90"`` or ``"90"``,
+    or a list (any iterable but a string) of them, each one of
+    :func:`valid_archs`; anything else is a TypeError (a float, bytes, a
+    nested list) or a ValueError (an empty list, an architecture NVRTC does
+    not compile for, a string of another form), naming the valid targets.
     """
     if arch is None:
         if not is_available():
@@ -55,19 +94,18 @@ def resolve_archs(arch: int | Iterable[int] | None, what: str = "precompile") ->
                 f"so pass the compute capability to compile for, e.g. arch=90 (H100, H200), 80 (A100), "
                 f"89 (L4, L40, RTX 40xx) or several: arch=(80, 90)")
         return sorted({cache.device_arch(d) for d in range(device_count())})
-    archs = [arch] if isinstance(arch, int) else list(arch)
-    if not archs:
-        raise ValueError(f"{what}: arch is empty; pass a compute capability such as 90, or None for the GPUs'")
-    for a in archs:
-        if not isinstance(a, int) or isinstance(a, bool):
-            raise TypeError(f"{what}: arch must be an int such as 90 (compute capability 9.0) or ints, "
-                            f"got {a!r}")
-        try:
-            nvrtc.target_for(a)
-        except nvrtc.NVRTCError:
-            raise ValueError(f"{what}: NVRTC {'.'.join(map(str, nvrtc.nvrtc_version()))} cannot compile for "
-                             f"arch={a}; it targets {', '.join(map(str, nvrtc.supported_archs()))}") from None
-    return sorted(set(archs))
+    valid = valid_archs()
+    if isinstance(arch, (str, numbers.Integral)):
+        items: list[object] = [arch]
+    elif isinstance(arch, (bytes, bytearray, memoryview)) or not isinstance(arch, Iterable):
+        raise TypeError(f"{what}: arch must be {ARCH_FORMS}, got {arch!r} ({type(arch).__name__}). "
+                        f"{_targets(valid)}")
+    else:
+        items = list(arch)
+        if not items:
+            raise ValueError(f"{what}: arch is empty; pass a compute capability such as 90, or None for the "
+                             f"GPUs'")
+    return sorted({_one_arch(a, what, valid) for a in items})
 
 
 def check_progress(progress: bool | None, what: str = "precompile") -> None:

@@ -27,6 +27,7 @@ from tensorplay._driver.stream import Event, ExternalStream, current_stream, cur
 from tensorplay._tensor.args import (broadcast_strides, byte_span, cast_array, cast_into, check_value,
                                      contiguous_strides, normalize_dim, numpy_data, overlaps, resolve_device)
 from tensorplay._tensor.base import TensorBase
+from tensorplay._tensor.printing import format_tensor
 from tensorplay._tensor.transfer import (download, foreign_converter, peer_copy, refuse_host_array_in_capture,
                                          refuse_large_upload_in_capture, run_device_error_checks, upload)
 
@@ -360,15 +361,7 @@ class Tensor(TensorBase):
         if self.is_cuda and host_reads_blocked(self._device_index,
                                                current_stream_handle_of(self._device_index)):
             return _capture_repr(self)     # a host copy would break the capture
-        arr = self.numpy()
-        body = np.array2string(arr.astype(np.float32) if self.dtype is dt.bfloat16 else arr,
-                               separator=", ", prefix="tensor(")
-        extra = []
-        if self.is_cuda:
-            extra.append(f"device='{self.device}'")
-        if self.dtype not in (dt.float32, dt.int64, dt.bool_):
-            extra.append(f"dtype={self.dtype!r}")
-        return "tensor(" + body + "".join(", " + e for e in extra) + ")"
+        return format_tensor(self.numpy(), self.dtype, str(self.device) if self.is_cuda else None)
 
     # ---------------------------------------------------------------- movement
 

@@ -22,7 +22,7 @@ from tensorplay._memory.api import (empty_cache, graph_pool_handle, max_memory_a
 from tensorplay._memory.summary import live_driver_objects, memory_summary
 from tensorplay._tensor.transfer import synchronize
 from tensorplay._kernels.cublaslt import CublasError
-from tensorplay._kernels.nvrtc import clear_kernel_cache, kernel_cache_dir, kernel_cache_info
+from tensorplay._kernels.nvrtc import NVRTCError, clear_kernel_cache, kernel_cache_dir, kernel_cache_info
 from tensorplay._kernels.precompile import compile_progress
 from tensorplay._ops.blas import CublasUnavailableError
 from tensorplay._ops.custom import ElementwiseKernel, RawKernel
@@ -45,7 +45,7 @@ sys.modules[__name__ + ".cudagraphs"] = cudagraphs
 __all__ = ["make_graphed_callables", "CUDAGraph", "GraphPool", "GraphSet", "PoolAsleepError", "ElementwiseKernel", "RawKernel", "cudagraphify", "graph",
     "is_current_stream_capturing", "to_dot", "ForeignRandomError", "foreign_capture_libraries", "set_foreign_capture",
     "CublasError", "CublasUnavailableError", "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
-    "HostFunctionError", "launch_host_func",
+    "HostFunctionError", "NVRTCError", "launch_host_func",
     "can_device_access_peer", "clear_kernel_cache", "current_device", "current_stream", "default_stream", "device",
     "disable_peer_access", "enable_peer_access",
     "device_count", "driver_version", "empty_cache", "get_device_capability", "get_device_name",

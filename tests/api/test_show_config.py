@@ -3,13 +3,20 @@
 dependencies, the kernel cache, the environment, and the GPUs (or why there
 are none)."""
 
+import re
 import sys
 
 import numpy as np
 
 import tensorplay as tp
-from helpers import HAS_CUDA, KERNEL_ARCH, run_python, unique_kernel_source
+from helpers import HAS_CUDA, KERNEL_ARCH, ROOT, run_python, unique_kernel_source
+from tensorplay._config import ENV_VARS
 from tensorplay._kernels import nvrtc as _nvrtc
+
+# Variables the docs name that tensorplay itself does not read: the test
+# suite's and scripts/setup.sh's (where each is read).
+NOT_TENSORPLAYS = {"TENSORPLAY_TEST_CACHE_DIR": "tests/conftest.py", "TENSORPLAY_TEST_SHUFFLE": "tests/conftest.py",
+                   "TENSORPLAY_REBUILD": "scripts/setup.sh"}
 
 
 def test_show_config_reports_versions(capsys):
@@ -62,7 +69,64 @@ def test_show_config_with_cuda_disabled():
 def test_config_is_a_dict_without_a_gpu_too(kernel_cache):
     info = tp.config()
     assert info["kernel_cache"]["path"] == str(kernel_cache)
-    assert set(info["env"]) == {"TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA", "TENSORPLAY_PDL"}
+    assert list(info["env"]) == list(ENV_VARS)
     assert (info["cuda"] is None) == HAS_CUDA
     if not HAS_CUDA:
         assert info["gpus"] == []
+
+
+def _documented_variables():
+    """{name: first page} of the TENSORPLAY_* and CUDA_* environment variables
+    that README.md and docs/**/*.md name (CUresult names such as
+    CUDA_ERROR_OUT_OF_MEMORY are not variables)."""
+    pages = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md")
+                                          if not {"_build", "_generated"} & set(p.parts))
+    names = {}
+    for page in pages:
+        for name in re.findall(r"\b(?:TENSORPLAY|CUDA)_[A-Z0-9_]*[A-Z0-9]\b", page.read_text()):
+            if not name.startswith(("CUDA_ERROR_", "CUDA_SUCCESS")):
+                names.setdefault(name, str(page.relative_to(ROOT)))
+    return names
+
+
+def test_show_config_lists_every_documented_variable():
+    documented = _documented_variables()
+    assert {"TENSORPLAY_FOREIGN_CAPTURE", "TENSORPLAY_CUBLASLT_WORKSPACE_SIZE", "CUDA_VISIBLE_DEVICES",
+            "TENSORPLAY_CACHE_DIR", "TENSORPLAY_PDL", "TENSORPLAY_DISABLE_CUDA"} <= set(documented)
+    missing = {n: page for n, page in documented.items() if n not in ENV_VARS and n not in NOT_TENSORPLAYS}
+    assert not missing, f"documented but not in tensorplay._config.ENV_VARS (show_config): {missing}"
+    undocumented = [n for n in ENV_VARS if n not in documented and n != "XDG_CACHE_HOME"]
+    assert not undocumented, f"in ENV_VARS but named nowhere in the docs: {undocumented}"
+    assert "XDG_CACHE_HOME" in (ROOT / "docs" / "configuration.md").read_text()
+    for name, where in NOT_TENSORPLAYS.items():          # really the tests' and scripts', not the package's
+        assert name in documented and name in (ROOT / where).read_text(), name
+    for name in ENV_VARS:                                 # config()'s docstring names them too
+        assert f"``{name}``" in tp.config.__doc__, name
+
+
+def test_every_variable_the_package_reads_is_listed():
+    """os.environ.get("X") / os.getenv("X") in the package's sources: X is in ENV_VARS."""
+    read = set()
+    for path in [*(ROOT / "tensorplay").rglob("*.py"), *(ROOT / "src").rglob("*.pyx")]:
+        read |= set(re.findall(r"(?:environ\.get|getenv|environ\[)\(?\s*[\"']([A-Z0-9_]+)[\"']", path.read_text()))
+    assert {"TENSORPLAY_CACHE_DIR", "TENSORPLAY_FOREIGN_CAPTURE", "TENSORPLAY_PDL"} <= read
+    assert not read - set(ENV_VARS), read - set(ENV_VARS)
+
+
+def test_show_config_prints_each_variable_set_or_not(tmp_path):
+    values = {"TENSORPLAY_CACHE_DIR": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+              "TENSORPLAY_DISABLE_CUDA": "1", "TENSORPLAY_PDL": "0", "TENSORPLAY_FOREIGN_CAPTURE": "off",
+              "TENSORPLAY_CUBLASLT_WORKSPACE_SIZE": "1024", "CUDA_VISIBLE_DEVICES": "1,0"}
+    assert set(values) == set(ENV_VARS)
+    out = run_python("import tensorplay as tp\ntp.show_config()", **values)
+    assert out.returncode == 0, out.stderr
+    rows = [line.partition(":") for line in out.stdout.splitlines()]
+    shown = {k.strip(): v.strip() for k, _, v in rows}
+    assert [k.strip() for k, _, _ in rows[-len(ENV_VARS):]] == list(ENV_VARS)      # in that order, last
+    assert {k: shown[k] for k in ENV_VARS} == values
+    unset = "import os\nfor k in %r: os.environ.pop(k, None)\nimport tensorplay as tp\ntp.show_config()" % (
+        list(ENV_VARS),)
+    out = run_python(unset)
+    assert out.returncode == 0, out.stderr
+    shown = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.stdout.splitlines())}
+    assert {k: shown[k] for k in ENV_VARS} == dict.fromkeys(ENV_VARS, "(not set)")

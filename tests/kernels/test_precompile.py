@@ -85,8 +85,8 @@ def test_without_a_gpu_the_arch_must_be_given(monkeypatch):
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"ops": ["add", "nope"]}, ValueError, r"unknown op 'nope'; known ops: add, sub, .*; groups: elementwise"),
     ({"ops": "softmax"}, ValueError, r"unknown op 'softmax'"),
-    ({"arch": 10}, ValueError, r"cannot compile for arch=10; it targets .*90"),
-    ({"arch": "90"}, TypeError, r"arch must be an int"),
+    ({"arch": 10}, ValueError, r"cannot compile for arch=10: NVRTC 13\.\d+ targets 75, 80, .*90"),
+    ({"arch": "sm_91"}, ValueError, r"cannot compile for arch='sm_91': NVRTC .* targets 75, "),
     ({"arch": []}, ValueError, r"arch is empty"),
     ({"arch": 90, "workers": 0}, ValueError, r"workers must be a positive int"),
     ({"arch": 90, "progress": "yes"}, TypeError, r"progress must be True, False or None"),
@@ -95,6 +95,39 @@ def test_without_a_gpu_the_arch_must_be_given(monkeypatch):
 def test_bad_arguments_raise_before_compiling(kwargs, error, match, kernel_cache):
     with pytest.raises(error, match=match):
         tp.cuda.precompile(**kwargs)
+    assert tp.cuda.kernel_cache_info()["files"] == 0
+
+
+@pytest.mark.parametrize("arch, archs", [
+    (90, [90]), ("sm_90", [90]), ("90", [90]), (" sm_80 ", [80]), (np.int64(90), [90]),
+    ([90, "sm_80", "90"], [80, 90]), ((80,), [80]), ({75, 90}, [75, 90]), (iter(["sm_75"]), [75]),
+])
+def test_arch_is_an_int_a_sm_string_or_a_list_of_them(arch, archs):
+    # "sm_90" is one arch, not the characters s, m, _, 9, 0
+    assert precompile_mod.resolve_archs(arch) == archs
+
+
+@pytest.mark.parametrize("arch, error, match", [
+    (9.0, TypeError, r"arch must be an int such as 90 .*, a string such as 'sm_90' or '90', or a list of them, "
+                     r"got 9\.0 \(float\)\. NVRTC 13\.\d+ targets 75, 80, "),
+    (999, ValueError, r"cannot compile for arch=999: NVRTC 13\.\d+ targets 75, 80, "),
+    (76, ValueError, r"cannot compile for arch=76: NVRTC .* targets 75, 80, "),      # not PTX for 75
+    ((9, 0), ValueError, r"cannot compile for arch=9 \(compute capability 9\.0 is arch=90\)"),
+    ("sm_90a", ValueError, r"arch 'sm_90a' is not an architecture; arch must be an int .* targets 75, "),
+    ("compute_90", ValueError, r"arch 'compute_90' is not an architecture"),
+    ("", ValueError, r"arch '' is not an architecture"),
+    (b"90", TypeError, r"got b'90' \(bytes\)\. NVRTC .* targets 75, "),
+    (True, TypeError, r"got True \(bool\)"),
+    ([90, 8.9], TypeError, r"got 8\.9 \(float\)"),
+    ([[90]], TypeError, r"got \[90\] \(list\)"),
+    (object(), TypeError, r"arch must be an int"),
+])
+def test_every_other_arch_is_refused_naming_the_valid_targets(arch, error, match, kernel_cache):
+    with pytest.raises(error, match=match) as info:
+        tp.cuda.precompile(["add"], dtypes=["float32"], arch=arch, progress=False)
+    valid = precompile_mod.valid_archs()
+    assert valid == sorted(nvrtc.supported_archs()) and 75 in valid and 90 in valid
+    assert ", ".join(map(str, valid)) in str(info.value)
     assert tp.cuda.kernel_cache_info()["files"] == 0
 
 

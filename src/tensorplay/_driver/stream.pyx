@@ -70,6 +70,10 @@ class HostFunctionError(RuntimeError):
     exception is this one's ``__cause__``."""
 
 
+# The public module path: tracebacks and reprs show tensorplay.cuda.HostFunctionError.
+HostFunctionError.__module__ = "tensorplay.cuda"
+
+
 cdef void keep_host_error(int device, str what, object exc) noexcept:
     try:
         with _host_errors_lock:

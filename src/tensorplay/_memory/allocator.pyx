@@ -45,6 +45,10 @@ class PoolAsleepError(RuntimeError):
     by ``sleep()``; ``wake()`` it first."""
 
 
+# The public module path: tracebacks and reprs show tensorplay.cuda.PoolAsleepError.
+PoolAsleepError.__module__ = "tensorplay.cuda"
+
+
 def make_sleepable(long long pool_id):
     """Give pool ``pool_id`` sleepable segments on every device (before it
     allocates: graph_pool_handle(sleepable=True))."""
