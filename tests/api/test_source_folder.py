@@ -30,9 +30,10 @@ def clone_root(tmp_path):
     return tmp_path
 
 
-def _run(args, cwd, **env):
+def _run(args, cwd, without=(), **env):
+    environ = {k: v for k, v in os.environ.items() if k not in without}
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, **env))
+                          env=dict(environ, **env))
 
 
 def test_importing_in_a_clone_root_loads_the_installed_package(clone_root):
@@ -55,8 +56,9 @@ def test_python_m_tensorplay_in_a_clone_root(clone_root):
 
 
 def test_without_an_installed_package_the_import_says_what_is_wrong(clone_root):
-    # -S: no site-packages, so no installed tensorplay (nor an editable install's finder)
-    res = _run(["-S", "-c", "import tensorplay"], clone_root)
+    # -S: no site-packages, so no installed tensorplay (nor an editable install's finder);
+    # nor one PYTHONPATH names (a build installed into a folder, as on a GPU machine)
+    res = _run(["-S", "-c", "import tensorplay"], clone_root, without=("PYTHONPATH",))
     assert res.returncode != 0
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: tensorplay's compiled modules are not here"), res.stderr
