@@ -8,7 +8,8 @@ Runs on the GPU machine, from ``benchmarks/``::
 Each case runs in a fresh process, so what is imported is exactly what the
 case names: capture + instantiate of 1 and 100 in-place adds (median host
 us) with torch not imported, torch imported and foreign capture off, and on
-(the default); CuPy imported too; PyTorch's own capture of the same in the
+(the default); CuPy imported too; without PyTorch under
+CUDA_MODULE_LOADING=LAZY (what importing PyTorch sets) and with it under EAGER; PyTorch's own capture of the same in the
 same process. Then a cProfile of the default case (torch imported, foreign
 capture on), sorted by own time: what a capture pays for following PyTorch.
 """
@@ -74,10 +75,15 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def run_case(imports, foreign, repeats, profile=False, top=30, nodes=1):
+def run_case(imports, foreign, repeats, profile=False, top=30, nodes=1, loading=None):
+    """One case in a fresh process; ``loading``: CUDA_MODULE_LOADING for it
+    (importing PyTorch sets LAZY where the variable is unset)."""
+    env = dict(os.environ)
+    if loading is not None:
+        env["CUDA_MODULE_LOADING"] = loading
     p = subprocess.run([sys.executable, "-c", CASE, imports, foreign, str(repeats), "1" if profile else "0", str(top),
                         str(nodes)],
-                       capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+                       capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)), env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT"):
             return json.loads(line[6:])
@@ -90,11 +96,15 @@ def main():
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--profile-nodes", type=int, default=1, help="ops of each profiled capture (default 1)")
     args = ap.parse_args()
-    cases = [("none", "default"), ("torch", "off"), ("torch", "on"), ("torch+cupy", "on")]
-    print(f"{'imported':12} {'foreign':8} {'tp 1 op':>9} {'tp 100':>9} {'torch 1':>9} {'torch 100':>9}  (median host us)")
-    for imports, foreign in cases:
-        r = run_case(imports, foreign, args.repeats)
-        print(f"{imports:12} {foreign:8} {r['tensorplay 1']:9.1f} {r['tensorplay 100']:9.1f} "
+    # the module-loading rows ask whether importing PyTorch (which sets
+    # CUDA_MODULE_LOADING=LAZY) is what slows 100 captured ops down without following it
+    cases = [("none", "default", None), ("none", "default", "LAZY"), ("torch", "off", None),
+             ("torch", "off", "EAGER"), ("torch", "on", None), ("torch+cupy", "on", None)]
+    print(f"{'imported':12} {'foreign':8} {'loading':8} {'tp 1 op':>9} {'tp 100':>9} {'torch 1':>9} {'torch 100':>9}"
+          "  (median host us)")
+    for imports, foreign, loading in cases:
+        r = run_case(imports, foreign, args.repeats, loading=loading)
+        print(f"{imports:12} {foreign:8} {loading or 'unset':8} {r['tensorplay 1']:9.1f} {r['tensorplay 100']:9.1f} "
               f"{r.get('torch 1', float('nan')):9.1f} {r.get('torch 100', float('nan')):9.1f}")
     r = run_case("torch", "on", args.repeats, profile=True, top=args.top, nodes=args.profile_nodes)
     print(f"\ncProfile of {args.repeats} captures of {args.profile_nodes} op(s), torch imported, foreign capture on:")
