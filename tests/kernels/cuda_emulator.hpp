@@ -50,30 +50,31 @@ template <class F> void launch(unsigned int grid, unsigned int block, F&& body) 
 
 inline void __syncthreads() { tp_emu::block_barrier->arrive_and_wait(); }
 
-template <class T> T __shfl_down_sync(unsigned int, T v, int offset) {
+namespace tp_emu {
+// A warp shuffle: every lane publishes v, then reads lane src's value where
+// `valid` (else keeps its own), as __shfl_down_sync / __shfl_up_sync do.
+template <class T> T shuffle(T v, unsigned int src, bool valid) {
   static_assert(sizeof(T) <= 8, "8-byte lanes");
-  const unsigned int t = threadIdx.x, lane = t & 31;
+  const unsigned int t = threadIdx.x;
   unsigned long long word = 0;
   std::memcpy(&word, &v, sizeof(T));
-  tp_emu::lanes[t] = word;
-  tp_emu::warp_barriers[t >> 5]->arrive_and_wait();
+  lanes[t] = word;
+  warp_barriers[t >> 5]->arrive_and_wait();
   T r = v;
-  if (lane + offset < 32) std::memcpy(&r, &tp_emu::lanes[t + offset], sizeof(T));
-  tp_emu::warp_barriers[t >> 5]->arrive_and_wait();
+  if (valid) std::memcpy(&r, &lanes[src], sizeof(T));
+  warp_barriers[t >> 5]->arrive_and_wait();
   return r;
+}
+}  // namespace tp_emu
+
+template <class T> T __shfl_down_sync(unsigned int, T v, int offset) {
+  const unsigned int t = threadIdx.x;
+  return tp_emu::shuffle(v, t + offset, (t & 31) + offset < 32);
 }
 
 template <class T> T __shfl_up_sync(unsigned int, T v, int offset) {
-  static_assert(sizeof(T) <= 8, "8-byte lanes");
-  const unsigned int t = threadIdx.x, lane = t & 31;
-  unsigned long long word = 0;
-  std::memcpy(&word, &v, sizeof(T));
-  tp_emu::lanes[t] = word;
-  tp_emu::warp_barriers[t >> 5]->arrive_and_wait();
-  T r = v;
-  if (lane >= (unsigned int)offset) std::memcpy(&r, &tp_emu::lanes[t - offset], sizeof(T));
-  tp_emu::warp_barriers[t >> 5]->arrive_and_wait();
-  return r;
+  const unsigned int t = threadIdx.x;
+  return tp_emu::shuffle(v, t - offset, (t & 31) >= (unsigned int)offset);
 }
 
 inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
