@@ -45,6 +45,20 @@ def capture(n):
             x.add_(1)
     return g
 
+def phases(n):
+    # (begin, body, end) host us of one capture of n ops
+    g = tp.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    g.capture_begin()
+    t1 = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    t2 = time.perf_counter()
+    g.capture_end()
+    t3 = time.perf_counter()
+    g.reset()
+    return (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6
+
 out = {}
 for n in (1, 100):
     for _ in range(20):
@@ -58,6 +72,8 @@ for n in (1, 100):
         g.reset()
         del g
     out[f"tensorplay {n}"] = statistics.median(per)
+    split = [phases(n) for _ in range(repeats)]
+    out[f"split {n}"] = [statistics.median(s[i] for s in split) for i in range(3)]
     if torch is not None:
         from tpbench.capture import torch_capture_us
         out[f"torch {n}"] = torch_capture_us(torch, n, repeats)
@@ -102,10 +118,16 @@ def main():
              ("torch", "off", "EAGER"), ("torch", "on", None), ("torch+cupy", "on", None)]
     print(f"{'imported':12} {'foreign':8} {'loading':8} {'tp 1 op':>9} {'tp 100':>9} {'torch 1':>9} {'torch 100':>9}"
           "  (median host us)")
+    splits = []
     for imports, foreign, loading in cases:
         r = run_case(imports, foreign, args.repeats, loading=loading)
         print(f"{imports:12} {foreign:8} {loading or 'unset':8} {r['tensorplay 1']:9.1f} {r['tensorplay 100']:9.1f} "
               f"{r.get('torch 1', float('nan')):9.1f} {r.get('torch 100', float('nan')):9.1f}")
+        splits.append((imports, foreign, loading, r["split 1"], r["split 100"]))
+    print(f"\n{'imported':12} {'foreign':8} {'loading':8}  begin/body/end of 1 op | of 100 ops (median host us)")
+    for imports, foreign, loading, s1, s100 in splits:
+        print(f"{imports:12} {foreign:8} {loading or 'unset':8}  " + "/".join(f"{v:.1f}" for v in s1) + "  |  "
+              + "/".join(f"{v:.1f}" for v in s100))
     r = run_case("torch", "on", args.repeats, profile=True, top=args.top, nodes=args.profile_nodes)
     print(f"\ncProfile of {args.repeats} captures of {args.profile_nodes} op(s), torch imported, foreign capture on:")
     print(r["profile"])

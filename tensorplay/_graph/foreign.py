@@ -221,6 +221,7 @@ class TorchLibrary(Library):
         self._available: Any = None                        # the torch module whose CUDA was available
         self._tls = threading.local()                      # .blas: devices whose cuBLAS handle exists here
         self._raw_of: tuple[Any, Any] | None = None        # (torch, its torch._C or None), see _raw
+        self._cuda_up: tuple[Any, int] | None = None       # (torch, pid) once its CUDA is initialised
 
     def _external(self, device: int, stream: Stream) -> Any:
         """PyTorch's ExternalStream over ``stream`` (kept: captures reuse their streams)."""
@@ -249,8 +250,15 @@ class TorchLibrary(Library):
 
     def is_capturing(self) -> bool:
         torch = sys.modules["torch"]
-        # no CUDA state in PyTorch yet: nothing of its can be capturing
-        return bool(torch.cuda.is_initialized() and torch._C._cuda_isCurrentStreamCapturing())
+        # no CUDA state in PyTorch yet: nothing of its can be capturing. Once up
+        # it stays up in this process (a forked child asks again): asked once,
+        # as teardown asks this several times a capture
+        up = self._cuda_up
+        if up is None or up[0] is not torch or up[1] != os.getpid():
+            if not torch.cuda.is_initialized():
+                return False
+            self._cuda_up = (torch, os.getpid())
+        return bool(torch._C._cuda_isCurrentStreamCapturing())
 
     def current_stream_handle(self, device: int) -> int | None:
         torch = sys.modules["torch"]
@@ -278,21 +286,28 @@ class TorchLibrary(Library):
         if clear is not None and not open_captures():
             clear()
 
-    def mem_pool(self, device: int, pool_id: int) -> Any:
+    def mem_pool(self, device: int, pool_id: int, current_device: int | None = None) -> Any:
         """PyTorch's pool for tensorplay pool ``pool_id`` on ``device``; a
         sleepable pool's takes its segments from tensorplay's sleepable
-        segments, registered under ``pool_id`` (so they sleep with it)."""
+        segments, registered under ``pool_id`` (so they sleep with it).
+        ``current_device``: PyTorch's current device where the caller knows
+        it (a pool is made on its device; no switch when that is current)."""
         torch = sys.modules["torch"]
         with self._lock:
             pool = self._pools.get((device, pool_id))
             if pool is None:
-                with torch.cuda.device(device):
-                    if is_sleepable(pool_id):
-                        pool = torch.cuda.MemPool(self._sleepable_allocator())
-                    else:
-                        pool = torch.cuda.MemPool()
+                if current_device == device:
+                    pool = self._new_mem_pool(torch, pool_id)
+                else:
+                    with torch.cuda.device(device):
+                        pool = self._new_mem_pool(torch, pool_id)
                 self._pools[(device, pool_id)] = pool
             return pool
+
+    def _new_mem_pool(self, torch: Any, pool_id: int) -> Any:
+        if is_sleepable(pool_id):
+            return torch.cuda.MemPool(self._sleepable_allocator())
+        return torch.cuda.MemPool()
 
     def _sleepable_allocator(self) -> Any:
         """PyTorch's allocator object over tensorplay's exported segment
@@ -304,7 +319,7 @@ class TorchLibrary(Library):
         return self._allocator
 
     _RAW_CALLS = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool", "_cuda_releasePool",
-                  "_cuda_getCurrentStream", "_cuda_setStream")
+                  "_cuda_getCurrentStream", "_cuda_setStream", "_cuda_getDevice", "_cuda_setDevice")
 
     def _raw(self, torch: Any) -> Any:
         """PyTorch's own calls under torch.cuda.use_mem_pool and set_stream
@@ -320,23 +335,25 @@ class TorchLibrary(Library):
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         torch = sys.modules["torch"]
         raw = self._raw(torch)
-        prev_device = torch.cuda.current_device()
-        pool = self.mem_pool(device, pool_id)
+        prev_device = torch.cuda.current_device() if raw is None else raw._cuda_getDevice()
+        pool = self.mem_pool(device, pool_id, prev_device)
         ext = self._external(device, stream)
         if raw is None:
             prev_stream: Any = torch.cuda.current_stream(device)
             routing: Any = torch.cuda.use_mem_pool(pool, device)
             routing.__enter__()
+            torch_pool_id = None
         else:
             prev_stream = raw._cuda_getCurrentStream(device)       # (id, device index, device type)
-            raw._cuda_beginAllocateCurrentThreadToPool(device, pool.id)
+            torch_pool_id = pool.id          # a property that calls into PyTorch: read once a capture
+            raw._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
             routing = None
         try:
             self._set_stream(torch, raw, ext)
         except BaseException:
-            self._end_routing(raw, routing, device, pool)
+            self._end_routing(raw, routing, device, torch_pool_id)
             raise
-        return (device, prev_device, prev_stream, pool, routing)
+        return (device, prev_device, prev_stream, pool, torch_pool_id, routing)
 
     @staticmethod
     def _set_stream(torch: Any, raw: Any, stream: Any) -> None:
@@ -350,28 +367,31 @@ class TorchLibrary(Library):
         raw._cuda_setStream(stream_id=sid, device_index=index, device_type=kind)
 
     @staticmethod
-    def _end_routing(raw: Any, routing: Any, device: int, pool: Any) -> None:
+    def _end_routing(raw: Any, routing: Any, device: int, torch_pool_id: Any) -> None:
         if routing is not None:
             routing.__exit__(None, None, None)
         else:
             try:
-                raw._cuda_endAllocateToPool(device, pool.id)
+                raw._cuda_endAllocateToPool(device, torch_pool_id)
             finally:
-                raw._cuda_releasePool(device, pool.id)
+                raw._cuda_releasePool(device, torch_pool_id)
 
     def follow(self, state: Any, stream: Stream) -> None:
         sys.modules["torch"].cuda.set_stream(self._external(state[0], stream))
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
         torch = sys.modules["torch"]
-        device, prev_device, prev_stream, pool, routing = state
+        device, prev_device, prev_stream, pool, torch_pool_id, routing = state
         raw = self._raw(torch) if routing is None else None
         try:
             if on_capture_thread:
                 self._set_stream(torch, raw, prev_stream)
-                torch.cuda.set_device(prev_device)
+                if raw is None:
+                    torch.cuda.set_device(prev_device)
+                elif raw._cuda_getDevice() != prev_device:
+                    raw._cuda_setDevice(prev_device)
         finally:
-            self._end_routing(raw, routing, device, pool)    # ends the pool's routing, whichever thread
+            self._end_routing(raw, routing, device, torch_pool_id)    # ends the pool's routing, whichever thread
         hold = _PoolHold(device, pool)
         return {id(hold): hold}
 
