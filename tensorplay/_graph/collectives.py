@@ -35,6 +35,8 @@ import threading
 import weakref
 from typing import Any
 
+from tensorplay._driver.context import CudaError
+
 __all__ = ["CollectiveError", "NCCL_KERNEL_PREFIXES", "check_collectives_capturable", "check_sleep",
            "collective_kernels", "explain_collective_error", "graphs_with_collectives", "nccl_setting",
            "note_capture"]
@@ -268,8 +270,14 @@ def explain_collective_error(exc: BaseException, in_body: bool = False) -> BaseE
     """A :class:`CollectiveError` explaining an NCCL failure inside a
     capture (``in_body``: inside a conditional body), or None when ``exc``
     is no NCCL error."""
-    if isinstance(exc, CollectiveError) or not _is_nccl_error(exc):
+    if isinstance(exc, CollectiveError):
         return None
+    if not _is_nccl_error(exc):
+        # NCCL may succeed where the capture does not: a first collective's
+        # setup (cudaMalloc) invalidates a global-mode capture, which the
+        # driver reports only at the capture's end
+        if not (isinstance(exc, CudaError) and "CAPTURE" in exc.name and _unwarmed_default_group()):
+            return None
     said = str(exc).strip().splitlines()
     nccl_said = said[0] if said else type(exc).__name__
     advice = []

@@ -615,8 +615,11 @@ class graph:
             return
         try:
             self.cuda_graph.capture_end()
-        except BaseException:
+        except BaseException as failed:
             self.cuda_graph.reset()
+            better = explain_capture_error(failed)
+            if better is not None:
+                raise better from failed
             raise
 
 

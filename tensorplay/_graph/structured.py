@@ -61,8 +61,11 @@ def _leave(graph: Any, exc_type: type[BaseException] | None, finish: Any,
         return
     try:
         finish()
-    except BaseException:
+    except BaseException as failed:
         _abort_on_error(graph, RuntimeError)
+        better = explain_capture_error(failed, True)     # closing a body failed
+        if better is not None:
+            raise better from failed
         raise
 
 
