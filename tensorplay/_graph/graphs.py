@@ -15,6 +15,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overload
 
@@ -295,7 +296,7 @@ class CUDAGraph(CUDAGraphBase):
 
     # ------------------------------------------------------------ other allocators
 
-    def outside_pool(self) -> _OutsidePool:
+    def outside_pool(self) -> AbstractContextManager[CUDAGraph]:
         """``with g.outside_pool():`` inside a capture: PyTorch's and CuPy's
         allocations in the block are not routed into the graph's pool, so
         they come from the allocator you choose inside it, such as
