@@ -43,6 +43,7 @@ from tensorplay._memory.allocator import allocate, is_sleepable
 from tensorplay._tensor.base import TensorBase
 from tensorplay._tensor.transfer import foreign_converter
 from tensorplay._graph.registry import open_captures
+from tensorplay._graph.collectives import explain_collective_error
 
 __all__ = ["ForeignRandomError", "ForeignSession", "Library", "TorchLibrary", "CupyLibrary",
            "begin_session", "explain_capture_error", "foreign_capture_libraries", "graph_tensor",
@@ -106,6 +107,13 @@ class Library:
         Off the capture's thread (a graph reset or collected elsewhere)
         only what is not per-thread is restored."""
         raise NotImplementedError
+
+    def pause(self, state: Any) -> None:
+        """Stop routing this thread's allocations into the capture's memory
+        (``CUDAGraph.outside_pool``); the stream stays the capture's."""
+
+    def resume(self, state: Any) -> None:
+        """Route allocations into the capture's memory again, after ``pause``."""
 
 
 class _PoolHold:
@@ -353,7 +361,8 @@ class TorchLibrary(Library):
         except BaseException:
             self._end_routing(raw, routing, device, torch_pool_id)
             raise
-        return (device, prev_device, prev_stream, pool, torch_pool_id, routing)
+        # a list: pause() and resume() replace the routing (index 5)
+        return [device, prev_device, prev_stream, pool, torch_pool_id, routing]
 
     @staticmethod
     def _set_stream(torch: Any, raw: Any, stream: Any) -> None:
@@ -378,6 +387,22 @@ class TorchLibrary(Library):
 
     def follow(self, state: Any, stream: Stream) -> None:
         sys.modules["torch"].cuda.set_stream(self._external(state[0], stream))
+
+    def pause(self, state: Any) -> None:
+        torch = sys.modules["torch"]
+        device, torch_pool_id, routing = state[0], state[4], state[5]
+        raw = self._raw(torch) if routing is None else None
+        self._end_routing(raw, routing, device, torch_pool_id)      # the MemPool object keeps the pool alive
+
+    def resume(self, state: Any) -> None:
+        torch = sys.modules["torch"]
+        device, pool, torch_pool_id, routing = state[0], state[3], state[4], state[5]
+        if routing is None:
+            self._raw(torch)._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
+        else:
+            routing = torch.cuda.use_mem_pool(pool, device)
+            routing.__enter__()
+            state[5] = routing
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
         torch = sys.modules["torch"]
@@ -453,16 +478,24 @@ class CupyLibrary(Library):
             except BaseException:
                 routing.__exit__(None, None, None)
                 raise
-        return (device, prev_stream, routing)
+        return [device, prev_stream, routing, allocate_in_capture]
 
     def follow(self, state: Any, stream: Stream) -> None:
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(state[0]):
             _cupy_stream(cupy, stream, state[0]).use()
 
+    def pause(self, state: Any) -> None:
+        state[2].__exit__(None, None, None)      # CuPy's allocator is what it was before the capture
+
+    def resume(self, state: Any) -> None:
+        routing = sys.modules["cupy"].cuda.using_allocator(state[3])     # a generator's: entered once
+        routing.__enter__()
+        state[2] = routing
+
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
         cupy = sys.modules["cupy"]
-        device, prev_stream, routing = state
+        device, prev_stream, routing = state[:3]
         if not on_capture_thread:
             return {}          # CuPy's stream and allocator are the capture thread's: not ours to set here
         try:
@@ -565,6 +598,30 @@ class ForeignSession:
         for lib, state in self.states:
             lib.follow(state, stream)
 
+    def pause(self) -> None:
+        """Stop routing the libraries' allocations into the capture's memory
+        (on the capture's thread); on failure, resume the ones paused and raise."""
+        done: list[tuple[Library, Any]] = []
+        for lib, state in self.states:
+            try:
+                lib.pause(state)
+            except BaseException:
+                for lib2, state2 in reversed(done):
+                    lib2.resume(state2)
+                raise
+            done.append((lib, state))
+
+    def resume(self) -> None:
+        """Route the libraries' allocations into the capture's memory again."""
+        first: BaseException | None = None
+        for lib, state in self.states:
+            try:
+                lib.resume(state)
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
     def end(self, on_capture_thread: bool = True) -> dict[int, Any]:
         """Restore every library (last begun first); the objects the graph
         keeps. Raises the first library's error after restoring the others."""
@@ -602,9 +659,13 @@ def begin_session(device: int, foreign: bool | None) -> ForeignSession | None:
 _TORCH_RNG = "generator not in capture mode"
 
 
-def explain_capture_error(exc: BaseException) -> BaseException | None:
-    """A clearer error for a capture that another library's work failed,
-    or None to let ``exc`` propagate as it is."""
+def explain_capture_error(exc: BaseException, in_body: bool = False) -> BaseException | None:
+    """A clearer error for a capture that another library's work failed
+    (``in_body``: inside a conditional body), or None to let ``exc``
+    propagate as it is."""
+    collective = explain_collective_error(exc, in_body)
+    if collective is not None:
+        return collective
     if isinstance(exc, RuntimeError) and not isinstance(exc, ForeignRandomError) and _TORCH_RNG in str(exc):
         return ForeignRandomError(
             "a PyTorch random op (torch.rand, randn, randint, dropout, multinomial, normal_, ...) ran inside a "

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overload
 
@@ -31,6 +33,7 @@ from tensorplay._graph import dot as _dot
 from tensorplay._graph import structured as _structured
 from tensorplay._graph.foreign import ForeignRandomError, explain_capture_error, graph_tensor, is_foreign_tensor
 from tensorplay._graph.pools import GraphPool
+from tensorplay._graph.collectives import note_capture
 
 if TYPE_CHECKING:
     from tensorplay._tensor.tensor import Tensor
@@ -190,6 +193,7 @@ class CUDAGraph(CUDAGraphBase):
         reset and can capture again.
         """
         self._capture_end()
+        note_capture(self)          # sleep looks for NCCL's kernels in a pool's graphs
         if self.num_nodes == 0:
             warnings.warn("the captured CUDA graph is empty: no GPU work was queued on the capture "
                           "stream", UserWarning, stacklevel=2)
@@ -289,6 +293,34 @@ class CUDAGraph(CUDAGraphBase):
         if res.returncode != 0:
             raise OSError(f"dot failed to render {path}: {res.stderr.strip()}")
         return path
+
+    # ------------------------------------------------------------ other allocators
+
+    def outside_pool(self) -> AbstractContextManager[CUDAGraph]:
+        """``with g.outside_pool():`` inside a capture: PyTorch's and CuPy's
+        allocations in the block are not routed into the graph's pool, so
+        they come from the allocator you choose inside it, such as
+        ``with torch.cuda.use_mem_pool(other_pool):`` (a ``torch.cuda.MemPool``
+        over NCCL's ``ncclMemAlloc``, for NCCL's symmetric windows, as vLLM
+        does). The capture goes on: work queued in the block is captured,
+        on the same stream. At the block's end the routing into the graph's
+        pool resumes.
+
+        Memory allocated in the block belongs to that allocator, not to the
+        graph: keep the tensors alive as long as the graph may replay. The
+        chosen allocator must be safe to call during a capture (PyTorch's
+        own ``cudaMalloc`` is; an allocator that maps memory itself may need
+        ``capture_error_mode='relaxed'``, or its segments made in the eager
+        warm-up). Without a chosen allocator, PyTorch allocates from its
+        default pool on a capturing stream, which fails the capture.
+        tensorplay's own allocations stay in the graph's pool. A capture
+        that follows no library (``foreign=False``) has nothing to pause:
+        the block changes nothing.
+
+        Raises RuntimeError outside a capture of this graph, on another
+        thread than the capture's, or when already inside such a block.
+        """
+        return _OutsidePool(self)
 
     # ------------------------------------------------------------ conditional nodes
 
@@ -486,6 +518,36 @@ class CUDAGraph(CUDAGraphBase):
         return f"<CUDAGraph {state} device=cuda:{self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
 
 
+class _OutsidePool:
+    """The block of :meth:`CUDAGraph.outside_pool`."""
+
+    def __init__(self, graph: CUDAGraph) -> None:
+        self._graph = graph
+        self._session: Any = None
+
+    def __enter__(self) -> CUDAGraph:
+        g = self._graph
+        if not g.is_capturing:
+            raise RuntimeError("outside_pool: no capture is open on this graph (use it inside the capture)")
+        if g._capture_thread_ident != threading.get_ident():
+            raise RuntimeError("outside_pool must be used on the thread that began the capture")
+        if getattr(g, "_outside_pool_open", False):
+            raise RuntimeError("outside_pool: this capture is already inside an outside_pool() block")
+        session = g._foreign_session
+        if session is not None:
+            session.pause()
+            self._session = session
+        g._outside_pool_open = True
+        return g
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._graph._outside_pool_open = False
+        session, self._session = self._session, None
+        if session is not None:
+            session.resume()      # before the capture's own exit ends (or discards) the routing
+
+
 def is_current_stream_capturing() -> bool:
     """Return True while the current stream of the current device is capturing.
 
@@ -554,8 +616,11 @@ class graph:
             return
         try:
             self.cuda_graph.capture_end()
-        except BaseException:
+        except BaseException as failed:
             self.cuda_graph.reset()
+            better = explain_capture_error(failed)
+            if better is not None:
+                raise better from failed
             raise
 
 

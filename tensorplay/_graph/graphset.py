@@ -404,14 +404,16 @@ class GraphSet(Generic[R]):
     def asleep(self) -> bool:
         return self.pool is not None and self.pool.asleep
 
-    def sleep(self, keep: Iterable[Any] = ()) -> int:
+    def sleep(self, keep: Iterable[Any] = (), *, allow_collectives: bool = False) -> int:
         """Give the set's pool memory back to the device (see
-        :meth:`GraphPool.sleep`); its graphs stay instantiated. Calls raise
-        PoolAsleepError until :meth:`wake`. Returns the bytes given back."""
+        :meth:`GraphPool.sleep`, which refuses while the graphs hold NCCL
+        collectives unless ``allow_collectives``); its graphs stay
+        instantiated. Calls raise PoolAsleepError until :meth:`wake`.
+        Returns the bytes given back."""
         if self.pool is None:
             raise ValueError("GraphSet.sleep: the set was given a pool id, not a GraphPool; pass "
                              "pool=tp.cuda.GraphPool() to make it sleepable")
-        return self.pool.sleep(keep)
+        return self.pool.sleep(keep, allow_collectives=allow_collectives)
 
     def wake(self) -> int:
         """Map the pool's memory again; the next call replays without a capture."""

@@ -23,6 +23,7 @@ from tensorplay._driver.context import device_count
 from tensorplay._tensor.tensor import Tensor
 from tensorplay._tensor.transfer import synchronize
 from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor
+from tensorplay._graph.collectives import check_sleep
 
 __all__ = ["GraphPool", "PoolAsleepError"]
 
@@ -77,23 +78,34 @@ class GraphPool:
                 out["asleep"] += unmapped
         return out
 
-    def sleep(self, keep: Iterable[Any] = ()) -> int:
+    def sleep(self, keep: Iterable[Any] = (), *, allow_collectives: bool = False) -> int:
         """Give the pool's physical memory back; return the bytes given back.
 
         Waits for the device's queued work (replays in flight) first.
         Refused while a capture is under way. Sleeping a sleeping pool does
         nothing.
 
+        Refused with :class:`~tensorplay.cuda.CollectiveError` while a graph
+        of the pool holds captured NCCL collectives (kernels named
+        ``ncclDevKernel*`` or ``ncclKernel*``) and the environment does not
+        set ``NCCL_GRAPH_REGISTER=0``: NCCL registers a captured
+        collective's buffers for the graph's life, and new physical pages at
+        the same addresses leave that registration stale (a replay hangs).
+
         Parameters
         ----------
         keep : iterable of tensors, optional
             Tensors (tensorplay, PyTorch, CuPy) whose values ``wake()``
             restores; copied to pinned host memory now.
+        allow_collectives : bool, optional
+            Sleep even though graphs hold NCCL collectives (you know NCCL
+            registered none of their buffers).
         """
         if not self.sleepable:
             raise ValueError(f"GraphPool {self.id} was made with sleepable=False; it cannot sleep")
         if self.asleep:
             return 0
+        check_sleep(self.id, allow_collectives)
         saved = [self._save(t, i) for i, t in enumerate(keep)]
         n = sleep_pool(self.id)
         self._kept.extend(saved)

@@ -52,15 +52,20 @@ def _leave(graph: Any, exc_type: type[BaseException] | None, finish: Any,
     """A block's exit: discard the capture if the block raised (raising a
     clearer error for another library's failure), else ``finish()`` (and
     discard the capture if that raises)."""
+    # asked before the abort closes the bodies: NCCL's advice differs inside one
+    in_body = exc_type is not None and getattr(graph, "conditional_depth", 0) > 0
     if _abort_on_error(graph, exc_type):
-        better = explain_capture_error(exc) if exc is not None else None
+        better = explain_capture_error(exc, in_body) if exc is not None else None
         if better is not None:
             raise better from exc
         return
     try:
         finish()
-    except BaseException:
+    except BaseException as failed:
         _abort_on_error(graph, RuntimeError)
+        better = explain_capture_error(failed, True)     # closing a body failed
+        if better is not None:
+            raise better from failed
         raise
 
 

@@ -24,6 +24,7 @@ INSTANCES = {
     "HostFunctionError": lambda: tp.cuda.HostFunctionError("a host function raised"),
     "CublasError": lambda: tp.cuda.CublasError(15, "cublasLtMatmul"),
     "CublasUnavailableError": lambda: tp.cuda.CublasUnavailableError("no cuBLASLt"),
+    "CollectiveError": lambda: tp.cuda.CollectiveError("run one collective eagerly before capturing"),
     "ForeignRandomError": lambda: tp.cuda.ForeignRandomError("torch.rand inside a capture"),
     "PoolAsleepError": lambda: tp.cuda.PoolAsleepError("the pool sleeps"),
     "NVRTCError": lambda: tp.cuda.NVRTCError("compiling k.cu for sm_90 failed: NVRTC_ERROR_COMPILATION", "log"),

@@ -383,6 +383,16 @@ cdef class CUDAGraphBase(ReplayBase):
         return self._capturing
 
     @property
+    def _foreign_session(self):
+        """The open capture's ForeignSession (the other libraries it follows), or None."""
+        return self._foreign
+
+    @property
+    def _capture_thread_ident(self):
+        """The thread that began the open capture (threading.get_ident()), or None."""
+        return self._capture_thread if self._capturing else None
+
+    @property
     def capture_stream(self):
         """The stream of the open or the last capture (None before the first capture)."""
         return self._capture_stream_obj
