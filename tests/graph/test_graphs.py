@@ -164,11 +164,13 @@ def test_debug_dump_without_dot_warns_at_the_users_line(tmp_path, monkeypatch):
     warm(lambda: x + 1)
     g = CUDAGraph()
     with tp.cuda.graph(g):
-        x + 1
+        y = x + 1
     with pytest.warns(UserWarning, match="Graphviz 'dot' not found") as caught:
         written = g.debug_dump(tmp_path / "g.svg")
     _attributed_here(caught, "Graphviz")
     assert written == str(tmp_path / "g.dot")
+    g.replay()
+    assert y.tolist() == [2.0] * 8
 
 
 def test_item_inside_capture_raises_and_process_stays_usable(memory_baseline):
