@@ -21,17 +21,27 @@ compared and reported. The state is reset with PyTorch ops outside every
 graph before each generation, untimed. Printed per model and batch:
 useful tokens/s, the GPU's busy share (steps x one step's GPU time / wall
 time), host CPU time per generated token, steps run; then the WHILE node's
-cost per iteration against an unrolled graph of the same steps, and what
-happens when a Hugging Face ``transformers`` GPT-2 decode step is captured.
+cost per iteration against an unrolled graph of the same steps.
+
+Last, where ``transformers`` is installed, a probe captures one decode step
+of a small random Hugging Face GPT-2 (built from a config: no download),
+with a StaticCache and with a DynamicCache, under ``torch.cuda.graph`` and
+under ``tp.cuda.graph``, and compares two replays with eager steps of the
+same model from the same state (a cache of its own, the same prefix and
+inputs): whether the replay reproduces the captured step, and whether the
+next replay, its inputs advanced in place, computes the next step (what a
+decode loop needs), logits and cache alike.
 
 Needs a GPU and PyTorch. Run (in a clone: bash scripts/setup.sh, then
 .venv/bin/python in place of python):
     python examples/decode_loop.py [--quick] [--models small,gpt2-small] [--batches 1,8] [--json PATH]
+    python examples/decode_loop.py --transformers-only     # the probe alone
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -582,14 +592,213 @@ def _describe(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------- a Hugging Face transformers decode step
 
-def probe_transformers(batch: int = 2, max_len: int = 64) -> list[dict[str, str]]:
-    """Capture one decode step of a small random ``transformers``
-    GPT2LMHeadModel (2 layers, width 256, 4 heads) with ``torch.cuda.graph``
-    and with ``tp.cuda.graph``, with a StaticCache (cache_position a static
-    tensor) and with a DynamicCache; each entry says what happened: the
-    exception's type and first line, or that the capture replayed and
-    whether the replay's logits match an eager step's. Never raises."""
-    out: list[dict[str, str]] = []
+PROBE_PREFIX = 3                 # positions decoded eagerly before the captured step
+PROBE_ATOL = PROBE_RTOL = 2e-2   # bf16 rounding; consecutive steps' logits differ by far more (checked)
+
+
+def probe_tokens(batch: int, vocab: int, steps: int) -> list[list[int]]:
+    """The input token of each position, ``[steps][batch]``: fixed, so that
+    the graph and its eager reference read the same inputs."""
+    return [start_tokens(100 + s, batch, vocab) for s in range(steps)]
+
+
+def cache_tensors(cache: Any) -> list[Any] | None:
+    """The key and value tensors a ``transformers`` cache holds (``layers``
+    in recent versions, ``key_cache``/``value_cache`` in older ones), None
+    where neither is there."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    keys, values = getattr(cache, "key_cache", None), getattr(cache, "value_cache", None)
+    if keys is not None and values is not None:
+        return [*keys, *values]
+    return None
+
+
+def compare_logits(got: Any, want: Any) -> tuple[bool, str]:
+    """Whether ``got`` equals ``want`` up to bf16 rounding, and how far apart they are, in words."""
+    if tuple(got.shape) != tuple(want.shape):
+        return False, f"shapes {tuple(got.shape)} and {tuple(want.shape)}"
+    if torch.equal(got, want):
+        return True, "identical"
+    diff = float((got - want).abs().max())
+    return bool(torch.allclose(got, want, atol=PROBE_ATOL, rtol=PROBE_RTOL)), f"max |diff| {diff:.3g}"
+
+
+def compare_caches(got: list[Any] | None, want: list[Any] | None) -> tuple[bool, str]:
+    """Whether two snapshots of a cache (see :func:`cache_tensors`) hold the
+    same keys and values, and where they differ, in words (the number of
+    positions first: a cache that did not grow)."""
+    if got is None or want is None:
+        return True, "cache not compared (layout unknown)"
+    if len(got) != len(want):
+        return False, f"{len(got)} cache tensors, eager's {len(want)}"
+    for a, b in zip(got, want):
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                return False, "a cache layer is empty on one side only"
+            continue
+        if tuple(a.shape) != tuple(b.shape):
+            if a.dim() == b.dim() >= 2 and a.shape[:-2] == b.shape[:-2] and a.shape[-1] == b.shape[-1]:
+                return False, f"cache of {a.shape[-2]} positions, eager's {b.shape[-2]}"
+            return False, f"cache shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        if not torch.allclose(a.float(), b.float(), atol=PROBE_ATOL, rtol=PROBE_RTOL):
+            return False, f"cache contents differ (max |diff| {float((a.float() - b.float()).abs().max()):.3g})"
+    return True, "cache the same"
+
+
+class ProbeDecoder:
+    """One ``transformers`` decode step over its own cache, reading static
+    inputs (``ids`` [batch, 1] and ``cache_position`` [1]) that are written
+    in place between steps, outside any graph, as a decode loop writes them."""
+
+    def __init__(self, tf: Any, model: Any, cache_kind: str, batch: int, max_len: int, device: Any) -> None:
+        self.model, self.batch = model, batch
+        config = model.config
+        if cache_kind == "StaticCache":
+            try:
+                self.cache = tf.StaticCache(config=config, max_cache_len=max_len)
+            except TypeError:                        # transformers 4.x
+                self.cache = tf.StaticCache(config=config, max_batch_size=batch, max_cache_len=max_len,
+                                            device=device, dtype=model.dtype)
+        elif cache_kind == "DynamicCache":
+            self.cache = tf.DynamicCache()
+        else:
+            raise ValueError(f"cache_kind: StaticCache or DynamicCache, got {cache_kind!r}")
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "past_key_values" if "past_key_values" in params else "cache"
+        self.ids = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        self.cache_position = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def feed(self, tokens: list[int], position: int) -> None:
+        """The next step's inputs: its tokens and its position (the cache's
+        own count of positions moves on in the step, where it keeps one)."""
+        self.ids.copy_(torch.tensor(tokens, dtype=torch.int64).view(self.batch, 1))
+        self.cache_position.fill_(position)
+
+    def step(self) -> Any:
+        """[batch, 1, vocab] logits of the fed tokens; writes their keys and values into the cache."""
+        with torch.no_grad():
+            return self.model(input_ids=self.ids, use_cache=True, cache_position=self.cache_position,
+                              **{self.cache_arg: self.cache}).logits
+
+
+class Captured(NamedTuple):
+    replay: Callable[[], None]
+    output: Callable[[], Any]    # the captured step's static output
+    nodes: str                   # ", N nodes" where the capturer tells
+
+
+def capture_with_torch(step: Callable[[], Any]) -> Captured:
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    return Captured(g.replay, lambda: out, "")
+
+
+def capture_with_tensorplay(step: Callable[[], Any]) -> Captured:
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        out = step()
+    return Captured(g.replay, lambda: out, f", {g.num_nodes} nodes")
+
+
+CAPTURERS: dict[str, Callable[[Callable[[], Any]], Captured]] = {
+    "torch.cuda.graph": capture_with_torch, "tp.cuda.graph": capture_with_tensorplay}
+
+
+def _synchronize(device: Any) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def probe_case(tf: Any, cache_kind: str, capture: Callable[[Callable[[], Any]], Captured],
+               device: Any = "cuda", batch: int = 2, max_len: int = 64) -> dict[str, Any]:
+    """Capture one decode step of a small random GPT2LMHeadModel (2 layers,
+    width 256, 4 heads) with ``capture`` and compare two replays with eager
+    steps of the same model that start from the same state.
+
+    Both sides build their own cache of kind ``cache_kind`` and decode the
+    same ``PROBE_PREFIX`` tokens eagerly (positions 0, 1, 2). The eager
+    reference then runs the steps at positions 3 and 4; the graph side
+    captures the step at position 3 and replays it twice, its inputs
+    written before each replay as the reference's were: the first replay
+    must reproduce step 3 (the capture works), the second step 4 (the graph
+    moves on with its cache, as a decode loop needs). Logits and the
+    cache's keys and values are compared after each. Returns
+    ``captured``, ``same_step`` and ``next_step`` (bools, None where not
+    reached), ``distinct`` (whether steps 3 and 4 differ at all, so that the
+    check can tell them apart), ``decode_step`` (usable in a decode loop)
+    and ``result`` (one line); raises what the capture raises."""
+    torch.manual_seed(0)
+    config = tf.GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=max_len)
+    model = tf.GPT2LMHeadModel(config).to(device=device, dtype=torch.bfloat16).eval()
+    tokens = probe_tokens(batch, config.vocab_size, PROBE_PREFIX + 2)
+    steps = (PROBE_PREFIX, PROBE_PREFIX + 1)
+    out: dict[str, Any] = {"captured": False, "same_step": None, "next_step": None, "distinct": None,
+                           "decode_step": None}
+
+    ref = ProbeDecoder(tf, model, cache_kind, batch, max_len, device)     # the eager reference
+    want: list[Any] = []
+    want_cache: list[list[Any] | None] = []
+    for pos in (*range(PROBE_PREFIX), *steps):
+        ref.feed(tokens[pos], pos)
+        logits = ref.step()
+        if pos in steps:
+            want.append(logits.float().clone())
+            held = cache_tensors(ref.cache)
+            want_cache.append(None if held is None else [None if t is None else t.clone() for t in held])
+    _synchronize(device)
+    out["distinct"] = not compare_logits(want[0], want[1])[0]
+
+    dec = ProbeDecoder(tf, model, cache_kind, batch, max_len, device)     # the graph's side
+    cuda = str(device).startswith("cuda")
+    side = torch.cuda.Stream() if cuda else None
+    if side is not None:                             # the prefix doubles as the warm-up, on a side stream
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for pos in range(PROBE_PREFIX):
+            dec.feed(tokens[pos], pos)
+            dec.step()
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
+    _synchronize(device)
+    dec.feed(tokens[steps[0]], steps[0])
+    captured = capture(dec.step)
+    out["captured"] = True
+    verdicts: list[str] = []
+    for i, pos in enumerate(steps):
+        dec.feed(tokens[pos], pos)
+        captured.replay()
+        _synchronize(device)
+        same, logits_words = compare_logits(captured.output().float(), want[i])
+        cache_same, cache_words = compare_caches(cache_tensors(dec.cache), want_cache[i])
+        out["same_step" if i == 0 else "next_step"] = same and cache_same
+        verdicts.append(f"{'yes' if same and cache_same else 'NO'} (logits {logits_words}; {cache_words})")
+    out["decode_step"] = bool(out["same_step"] and out["next_step"] and out["distinct"])
+    out["result"] = (
+        f"captured and replayed{captured.nodes}; replay = eager step {steps[0]} from the same state: "
+        f"{verdicts[0]}; next replay, inputs advanced = eager step {steps[1]}: {verdicts[1]}; "
+        + ("usable in a decode loop: yes" if out["decode_step"] else
+           "usable in a decode loop: no" if out["distinct"] else
+           "inconclusive: eager steps 3 and 4 gave the same logits"))
+    return out
+
+
+PROBE_LEGEND = (
+    f"transformers capture probe: a random GPT-2 (2 layers, width 256), {PROBE_PREFIX} tokens decoded eagerly, "
+    f"then the step at position {PROBE_PREFIX} captured; each replay is compared with an eager step of the same "
+    f"model from the same state (its own cache, the same prefix and inputs): logits within bf16 rounding, and "
+    f"the cache's keys and values. The next replay's inputs are written in place first, as a decode loop "
+    f"writes them; a graph usable in a decode loop reproduces that next step too.")
+
+
+def probe_transformers(batch: int = 2, max_len: int = 64) -> list[dict[str, Any]]:
+    """:func:`probe_case` for a StaticCache and a DynamicCache, each captured
+    with ``torch.cuda.graph`` and with ``tp.cuda.graph``. Each entry says
+    what happened: the exception's type and first line, or what the replays
+    gave against eager steps from the same state. Never raises."""
+    out: list[dict[str, Any]] = []
     try:
         tf = importlib.import_module("transformers")
     except Exception as exc:
@@ -597,67 +806,20 @@ def probe_transformers(batch: int = 2, max_len: int = 64) -> list[dict[str, str]
                  "result": f"not importable ({type(exc).__name__}: {_first_line(exc)})"}]
     version = getattr(tf, "__version__", "?")
     for cache_kind in ("StaticCache", "DynamicCache"):
-        for capturer in ("torch.cuda.graph", "tp.cuda.graph"):
-            case = f"transformers {version} GPT-2 decode step, {cache_kind}, {capturer}"
+        for name, capture in CAPTURERS.items():
+            case = f"transformers {version} GPT-2 decode step, {cache_kind}, {name}"
+            entry: dict[str, Any] = {"case": case, "cache": cache_kind, "capturer": name, "transformers": version,
+                                     "captured": False}
             try:
-                result = _probe_one(tf, cache_kind, capturer, batch, max_len)
+                entry.update(probe_case(tf, cache_kind, capture, "cuda", batch, max_len))
             except Exception as exc:
-                result = _describe(exc)
+                entry["result"] = _describe(exc)
             try:
                 torch.cuda.synchronize()
             except Exception as exc:
-                result += f" (then synchronize raised {type(exc).__name__}: {_first_line(exc)})"
-            out.append({"case": case, "cache": cache_kind, "capturer": capturer, "transformers": version,
-                        "result": result})
+                entry["result"] += f" (then synchronize raised {type(exc).__name__}: {_first_line(exc)})"
+            out.append(entry)
     return out
-
-
-def _probe_one(tf: Any, cache_kind: str, capturer: str, batch: int, max_len: int) -> str:
-    torch.manual_seed(0)
-    config = tf.GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=max_len)
-    model = tf.GPT2LMHeadModel(config).to(device="cuda", dtype=torch.bfloat16).eval()
-    params = inspect.signature(model.forward).parameters
-    cache_arg = "past_key_values" if "past_key_values" in params else "cache"
-    if cache_kind == "StaticCache":
-        try:
-            cache = tf.StaticCache(config=config, max_cache_len=max_len)
-        except TypeError:                            # transformers 4.x
-            cache = tf.StaticCache(config=config, max_batch_size=batch, max_cache_len=max_len,
-                                   device="cuda", dtype=torch.bfloat16)
-    else:
-        cache = tf.DynamicCache()
-    ids = torch.tensor(start_tokens(3, batch, config.vocab_size), device="cuda").view(batch, 1)
-    cache_position = torch.zeros(1, dtype=torch.int64, device="cuda")
-
-    def step() -> Any:
-        with torch.no_grad():
-            return model(input_ids=ids, use_cache=True, cache_position=cache_position,
-                         **{cache_arg: cache}).logits
-    side = torch.cuda.Stream()                       # warm up: a prefix of 3 tokens, eagerly
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-            cache_position.add_(1)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    if capturer == "torch.cuda.graph":
-        g: Any = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            logits = step()
-        nodes = ""
-    else:
-        g = tp.cuda.CUDAGraph()
-        with tp.cuda.graph(g):
-            logits = step()
-        nodes = f", {g.num_nodes} nodes"
-    g.replay()
-    torch.cuda.synchronize()
-    got = logits.float().clone()
-    eager = step().float()                           # the same position again: same K/V written
-    torch.cuda.synchronize()
-    match = bool(torch.allclose(got, eager, atol=2e-2, rtol=2e-2))
-    return f"captured and replayed{nodes}; replay matches eager: {match}"
 
 
 # ---------------------------------------------------------------- output
@@ -728,8 +890,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eos-bias", type=float, default=None, help="default: a mean length of about max_len / 2")
     ap.add_argument("--unroll", type=int, default=32, help="steps of the unrolled graph")
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers capture probe")
+    ap.add_argument("--transformers-only", action="store_true",
+                    help="run only the transformers capture probe (no decode-loop measurements)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = ap.parse_args(argv)
+    if args.no_transformers and args.transformers_only:
+        ap.error("--no-transformers and --transformers-only exclude each other")
     models = _parse_list(args.models)
     unknown = [m for m in models if m not in MODELS]
     if unknown:
@@ -750,21 +916,25 @@ def main(argv: list[str] | None = None) -> int:
           f"max_len {max_len}, {generations} generations per method, check every {args.check_every}")
     t0 = time.perf_counter()
     results = []
-    for name in models:
+    for name in [] if args.transformers_only else models:
         for batch in batches:
             print(f"measuring {name} at batch {batch} ...", flush=True)
             results.append(measure(MODELS[name], batch, max_len, generations, args.check_every,
                                    args.eos_bias, args.unroll))
             torch.cuda.empty_cache()
-    print()
-    print_results(results, args.check_every)
+    if results:
+        print()
+        print_results(results, args.check_every)
     probes = [] if args.no_transformers else probe_transformers()     # last: a failed capture may leave junk
+    if probes:
+        print(PROBE_LEGEND)
     for p in probes:
         print(f"{p['case']}: {p['result']}")
     agree = tokens_agree(results)
-    print("tokens: method 4 identical to method 2, method 3 equal up to each end token:",
-          "yes" if agree else "NO", "; eager PyTorch too:",
-          "yes" if not any(res["eager_mismatches"] for res in results) else "no (see above)")
+    if results:
+        print("tokens: method 4 identical to method 2, method 3 equal up to each end token:",
+              "yes" if agree else "NO", "; eager PyTorch too:",
+              "yes" if not any(res["eager_mismatches"] for res in results) else "no (see above)")
     if args.json:
         meta = {"gpu": tp.cuda.get_device_name(0), "torch": torch.__version__, "tensorplay": tp.__version__,
                 "max_len": max_len, "generations": generations, "check_every": args.check_every,

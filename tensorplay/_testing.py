@@ -24,8 +24,12 @@ move without the tests reaching into it.
   ``call_as_driver_thread(fn, *args)``, ``set_foreign_capture_probe(fn)``: teardown that waits while a capture
   is open or on the driver's thread (tensorplay._driver.teardown), and ways
   to act as that thread does.
+- ``warn_user(message, category)``, ``call_site()``: a warning attributed to
+  the nearest frame outside tensorplay, and that frame as ``file:line
+  (function)`` (tensorplay._frames).
 """
 
+from tensorplay._frames import call_site, warn_user
 from tensorplay._driver.context import bound_device
 from tensorplay._driver.pinned import PinnedMemory, free_pending_pinned, pinned_memory_of, pinned_memory_stats
 from tensorplay._driver.teardown import (call_as_driver_thread, defer_call, deferred_teardown_count, drop_later,
@@ -35,10 +39,11 @@ from tensorplay._memory.allocator import DeviceAllocator, make_sleepable, note_c
 from tensorplay._memory.testing import FakeBackend
 from tensorplay.cuda import CUDAGraph
 
-__all__ = ["DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "call_as_driver_thread", "defer_call",
+__all__ = ["DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "call_as_driver_thread", "call_site",
+           "defer_call",
            "deferred_teardown_count", "drop_later", "free_pending_pinned", "make_sleepable", "note_capture_use",
            "pinned_memory_of", "pinned_memory_stats", "rebind_patch_calls", "run_deferred_teardown",
-           "set_foreign_capture_probe", "stages_in_one_launch", "staged_builds", "teardown_waits"]
+           "set_foreign_capture_probe", "stages_in_one_launch", "staged_builds", "teardown_waits", "warn_user"]
 
 
 def rebind_patch_calls(graph: CUDAGraph) -> int:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
+from tensorplay._frames import warn_user
 from tensorplay._driver.context import CudaError, require_cuda
 from tensorplay._tensor.args import byte_span
 from tensorplay._tensor.tensor import Tensor
@@ -182,9 +182,9 @@ class CUDAGraphified(Generic[P, R]):
                 entry = self._capture(flat, len(args), names)
             except _CaptureFailed as failed:
                 self._eager.add(key)
-                warnings.warn(f"cudagraphify: {getattr(self.fn, '__name__', 'the function')} could not be "
-                              f"captured for this signature ({failed.__cause__}); calls with it run eagerly "
-                              f"from now on", RuntimeWarning, stacklevel=3)
+                warn_user(f"cudagraphify: {getattr(self.fn, '__name__', 'the function')} could not be "
+                          f"captured for this signature ({failed.__cause__}); calls with it run eagerly "
+                          f"from now on", RuntimeWarning)
                 self._fallbacks += 1
                 return self.fn(*args, **kwargs)
             self._entries[key] = entry

@@ -13,12 +13,12 @@ from __future__ import annotations
 import numbers
 import os
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overload
 
+from tensorplay._frames import warn_user
 from tensorplay._memory.api import graph_pool_handle
 from tensorplay._driver.context import CudaError, current_device, driver_version, is_available, require_cuda
 from tensorplay._graph.capture import CUDAGraphBase
@@ -195,8 +195,8 @@ class CUDAGraph(CUDAGraphBase):
         self._capture_end()
         note_capture(self)          # sleep looks for NCCL's kernels in a pool's graphs
         if self.num_nodes == 0:
-            warnings.warn("the captured CUDA graph is empty: no GPU work was queued on the capture "
-                          "stream", UserWarning, stacklevel=2)
+            warn_user("the captured CUDA graph is empty: no GPU work was queued on the capture stream",
+                      UserWarning)
 
     def instantiate(self) -> None:
         """Build the executable; a no-op once built (capture_end already does it)."""
@@ -285,8 +285,8 @@ class CUDAGraph(CUDAGraphBase):
             return path
         tool = shutil.which("dot")
         if tool is None:
-            warnings.warn(f"Graphviz 'dot' not found: wrote {dot_path}; render it with "
-                          f"'dot -T{image_format} {dot_path} -o {path}'", UserWarning, stacklevel=2)
+            warn_user(f"Graphviz 'dot' not found: wrote {dot_path}; render it with "
+                      f"'dot -T{image_format} {dot_path} -o {path}'", UserWarning)
             return dot_path
         res = subprocess.run([tool, f"-T{image_format}", dot_path, "-o", path],
                              capture_output=True, text=True)

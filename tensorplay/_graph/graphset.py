@@ -21,10 +21,10 @@ import importlib
 import logging
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
+from tensorplay._frames import warn_user
 from tensorplay._driver.context import current_device
 from tensorplay._memory import vmm
 from tensorplay._memory.api import allocator
@@ -359,8 +359,8 @@ class GraphSet(Generic[R]):
     def _eager(self, args: Sequence[Any], rows: int) -> R:
         if rows > self.max_size and not self._eager_warned:
             self._eager_warned = True
-            warnings.warn(f"GraphSet: a batch of {rows} rows is larger than the largest captured size "
-                          f"{self.max_size}; such calls run eagerly", RuntimeWarning, stacklevel=3)
+            warn_user(f"GraphSet: a batch of {rows} rows is larger than the largest captured size "
+                      f"{self.max_size}; such calls run eagerly", RuntimeWarning)
         return self._fn(*args)
 
     @staticmethod

@@ -2,8 +2,10 @@
 """examples/decode_loop.py: without a GPU it says so in one line and exits
 0; its pure pieces run on CPU PyTorch where PyTorch is installed (the
 counter-based noise, the Gumbel-max sampler, the cached decode step against
-a full causal forward pass, an eager generation); on a GPU a tiny run checks
-that the four methods draw the same tokens."""
+a full causal forward pass, an eager generation, and the transformers
+probe's comparison with stand-in capturers where transformers is
+installed); on a GPU a tiny run checks that the four methods draw the same
+tokens, and the probe runs with both real capturers."""
 
 import importlib.util
 import math
@@ -16,6 +18,7 @@ from helpers import HAS_CUDA, ROOT
 
 EXAMPLE = ROOT / "examples" / "decode_loop.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
 def _run_example(*args, timeout=120):
@@ -40,8 +43,9 @@ def torch():
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="a GPU is here: test_tiny_run_on_the_gpu runs the example instead")
-def test_without_a_gpu_the_example_says_so_and_exits_0():
-    res = _run_example()
+@pytest.mark.parametrize("args", [(), ("--transformers-only",)])
+def test_without_a_gpu_the_example_says_so_and_exits_0(args):
+    res = _run_example(*args)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1, res.stdout
@@ -54,6 +58,13 @@ def test_unknown_model_is_a_usage_error(dl, capsys):
         dl.main(["--models", "small,nope"])
     assert info.value.code == 2
     assert "unknown nope" in capsys.readouterr().err
+
+
+def test_the_probe_alone_and_no_probe_exclude_each_other(dl, capsys):
+    with pytest.raises(SystemExit) as info:
+        dl.main(["--transformers-only", "--no-transformers"])
+    assert info.value.code == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 def test_useful_lengths_and_comparison(dl, torch):
@@ -207,3 +218,104 @@ def test_tiny_run_on_the_gpu(tmp_path):
         assert not r["mismatches"] and not r["errors"], r
         measured = {row["method"] for row in r["rows"] if row["tok_s"]}
         assert measured == {"eager", "torch_graph", "torch_graph_every_k", "tensorplay_while"}
+
+
+# ------------------------------------------------------------------ the transformers probe
+
+def test_probe_comparisons(dl, torch):
+    a = torch.tensor([[1.0, -2.0, 0.5]])
+    assert dl.compare_logits(a, a.clone()) == (True, "identical")
+    ok, words = dl.compare_logits(a + 0.01, a)                    # bf16 rounding
+    assert ok and words == "max |diff| 0.01"
+    ok, words = dl.compare_logits(a + torch.tensor([[0.0, 0.3, 0.0]]), a)
+    assert not ok and words == "max |diff| 0.3"
+    assert not dl.compare_logits(a, a.view(1, 1, 3))[0]
+    k = torch.ones(2, 4, 5, 8)
+    assert dl.compare_caches([k, k], [k.clone(), k.clone()]) == (True, "cache the same")
+    assert dl.compare_caches([k[:, :, :4], k], [k, k]) == (False, "cache of 4 positions, eager's 5")
+    ok, words = dl.compare_caches([k, k * 2], [k, k])
+    assert not ok and words.startswith("cache contents differ")
+    assert dl.compare_caches(None, [k])[0]                        # a layout the probe cannot read
+    assert not dl.compare_caches([None, k], [k, k])[0]
+
+
+class _Layers:
+    def __init__(self, *layers):
+        self.layers = layers
+
+
+class _Layer:
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+
+
+class _OldCache:
+    def __init__(self, keys, values):
+        self.key_cache, self.value_cache = keys, values
+
+
+def test_cache_tensors_reads_both_layouts(dl, torch):
+    k0, v0, k1, v1 = (torch.full((1,), float(i)) for i in range(4))
+    assert dl.cache_tensors(_Layers(_Layer(k0, v0), _Layer(k1, v1))) == [k0, v0, k1, v1]
+    assert dl.cache_tensors(_OldCache([k0, k1], [v0, v1])) == [k0, k1, v0, v1]
+    assert dl.cache_tensors(object()) is None
+
+
+def _replays_the_step(dl):
+    """A stand-in capturer that "replays" by running the step eagerly: a perfect graph."""
+    def capture(step):
+        held = {}
+        return dl.Captured(lambda: held.update(out=step()), lambda: held["out"], ", stand-in")
+    return capture
+
+
+def _replays_the_first_result(dl):
+    """A stand-in capturer whose replays all give the first replay's result: a graph that does not move on."""
+    def capture(step):
+        held = {}
+
+        def replay():
+            if "out" not in held:
+                held["out"] = step()
+        return dl.Captured(replay, lambda: held["out"], "")
+    return capture
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed: the probe's CPU check needs it")
+@pytest.mark.parametrize("cache_kind", ["StaticCache", "DynamicCache"])
+def test_probe_compares_like_with_like(dl, torch, cache_kind):
+    """The eager reference starts from the state the graph captured from, so
+    a perfect replay matches both steps, and a graph that does not move on
+    fails the second, on logits and on the cache."""
+    import transformers
+    good = dl.probe_case(transformers, cache_kind, _replays_the_step(dl), device="cpu")
+    assert {k: good[k] for k in ("captured", "same_step", "next_step", "distinct", "decode_step")} == \
+        {"captured": True, "same_step": True, "next_step": True, "distinct": True, "decode_step": True}, good
+    assert good["result"].endswith("usable in a decode loop: yes"), good["result"]
+    stuck = dl.probe_case(transformers, cache_kind, _replays_the_first_result(dl), device="cpu")
+    assert stuck["same_step"] is True and stuck["next_step"] is False and stuck["decode_step"] is False, stuck
+    assert "eager step 4: NO (logits max |diff|" in stuck["result"], stuck["result"]
+    assert stuck["result"].endswith("usable in a decode loop: no")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed: nothing to probe")
+def test_transformers_probe_on_the_gpu(tmp_path):
+    """The probe with both real capturers: every case either raises (the
+    same for both) or captures, and then its first replay reproduces the
+    eager step it was captured from; tensorplay's verdicts are PyTorch's."""
+    out = tmp_path / "probe.json"
+    res = _run_example("--transformers-only", "--json", str(out), timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    import json
+    probes = json.loads(out.read_text())["transformers"]
+    assert [(p["cache"], p["capturer"]) for p in probes] == [
+        (c, k) for c in ("StaticCache", "DynamicCache") for k in ("torch.cuda.graph", "tp.cuda.graph")], probes
+    keys = ("captured", "same_step", "next_step", "decode_step")
+    for torch_case, tp_case in zip(probes[::2], probes[1::2]):
+        assert [torch_case.get(k) for k in keys] == [tp_case.get(k) for k in keys], (torch_case, tp_case)
+        if tp_case["captured"]:
+            assert tp_case["same_step"] is True and tp_case["distinct"] is True, tp_case
+    for p in probes:
+        assert f"{p['case']}: {p['result']}" in res.stdout

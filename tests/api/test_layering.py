@@ -35,7 +35,7 @@ SRC = REPO / "src" / "tensorplay"                      # the compiled modules' s
 # that matches a module gives its floor; "tensorplay" is the top __init__ alone.
 FLOORS = {
     # 0 base
-    "tensorplay._version": 0, "tensorplay._dtypes": 0, "tensorplay._device": 0,
+    "tensorplay._version": 0, "tensorplay._dtypes": 0, "tensorplay._device": 0, "tensorplay._frames": 0,
     # 1 driver: contexts, errors, streams, events, raw copies, kernel launch, DLPack C ABI
     "tensorplay._driver": 1,
     # 2 memory: allocator, backends, public memory functions, memory summary

@@ -95,6 +95,7 @@ def test_a_failed_capture_warns_once_and_runs_eagerly_without_retrying(monkeypat
     with pytest.warns(RuntimeWarning, match="f could not be captured for this signature") as caught:
         assert graphed(5) == [50]
     assert len(caught) == 1
+    assert caught[0].filename == __file__            # the caller's line, not the wrapper's
     assert calls == [5, 5, 5, 5]           # two warm-ups, the failed capture, the eager call
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -175,9 +175,12 @@ def test_a_graph_dropped_mid_capture_ends_its_capture(in_a_cycle):
     if in_a_cycle:
         g.self_reference = g                 # only the cycle collector can free it
     assert tp.cuda.is_current_stream_capturing()
-    with pytest.warns(ResourceWarning, match="destroyed while capturing"):
+    with pytest.warns(ResourceWarning, match="destroyed while capturing") as caught:
         del g
         gc.collect()
+    [w] = [w for w in caught if "destroyed while capturing" in str(w.message)]
+    assert w.filename == __file__                          # where the graph was dropped
+    assert f"capture_begin at {__file__}:" in str(w.message)   # and where its capture began
     _clean()
     assert open_captures() == []
     del y

@@ -129,6 +129,50 @@ def test_empty_capture_warns():
     g.replay()          # an empty graph still replays
 
 
+def _attributed_here(caught, match):
+    """The one warning caught, checked to name this file as its place (not a module of tensorplay)."""
+    [w] = [w for w in caught if match in str(w.message)]
+    assert w.filename == __file__, (w.filename, w.lineno)
+    return w
+
+
+def test_empty_capture_warning_points_at_the_users_line():
+    """graph()'s __exit__, make_graphed_callables and capture_end itself reach
+    the warning at different depths in tensorplay: each time it names the
+    line of this file that led there."""
+    g = CUDAGraph()
+    with pytest.warns(UserWarning, match="empty") as caught:
+        with tp.cuda.graph(g):
+            pass
+    _attributed_here(caught, "empty")
+    g2 = CUDAGraph()
+    g2.capture_begin()
+    with pytest.warns(UserWarning, match="empty") as caught:
+        g2.capture_end()
+    _attributed_here(caught, "empty")
+    x = tp.ones(8, device="cuda")
+    with pytest.warns(UserWarning, match="empty") as caught:
+        f = tp.cuda.make_graphed_callables(lambda t: t, (x,))
+    _attributed_here(caught, "empty")
+    assert f(tp.full((8,), 2.0, device="cuda")).tolist() == [2.0] * 8    # the staged copy is the graph's work
+
+
+def test_debug_dump_without_dot_warns_at_the_users_line(tmp_path, monkeypatch):
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    x = tp.ones(8, device="cuda")
+    warm(lambda: x + 1)
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        y = x + 1
+    with pytest.warns(UserWarning, match="Graphviz 'dot' not found") as caught:
+        written = g.debug_dump(tmp_path / "g.svg")
+    _attributed_here(caught, "Graphviz")
+    assert written == str(tmp_path / "g.dot")
+    g.replay()
+    assert y.tolist() == [2.0] * 8
+
+
 def test_item_inside_capture_raises_and_process_stays_usable(memory_baseline):
     x = tp.ones(16, device="cuda")
     warm(lambda: x + 1)

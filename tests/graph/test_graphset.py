@@ -49,8 +49,9 @@ def test_beyond_the_largest_size_runs_eagerly_and_says_so_once():
     x = tp.ones((2, 64), device="cuda")
     gs = GraphSet(tp_step, [x, x], [1, 2, 4], progress=False)
     big = tp.tensor(np.arange(7 * 64, dtype=np.float32).reshape(7, 64), device="cuda")
-    with pytest.warns(RuntimeWarning, match="7 rows is larger than the largest captured size 4"):
+    with pytest.warns(RuntimeWarning, match="7 rows is larger than the largest captured size 4") as caught:
         s, _ = gs(big, big)
+    assert [w.filename for w in caught] == [__file__]           # the caller's line, not GraphSet's
     np.testing.assert_allclose(s.cpu().numpy(), big.cpu().numpy() * 3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

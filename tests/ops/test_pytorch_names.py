@@ -405,8 +405,9 @@ def test_softmax_details():
 
 def test_functional_softmax_without_dim_warns_and_picks_pytorchs_dimension():
     x = tp.tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
-    with pytest.warns(UserWarning, match="Implicit dimension"):
+    with pytest.warns(UserWarning, match="Implicit dimension") as caught:
         r = F.softmax(x)
+    assert caught[0].filename == __file__                 # PyTorch's default _stacklevel: the caller's line
     np.testing.assert_array_equal(r.numpy(), tp.softmax(x, 0).numpy())          # 3-d: dim 0
     m = x[0]
     with pytest.warns(UserWarning):

@@ -20,8 +20,8 @@ from tensorplay._graph.streams cimport capture_side_stream, discard_capture, rel
 
 import os
 import threading
-import warnings
 
+from tensorplay._frames import warn_user
 from tensorplay._memory.api import allocator as _allocator
 from tensorplay._driver.stream import current_stream, set_stream
 from tensorplay._graph.foreign import begin_session, capture_begin_lock
@@ -368,9 +368,9 @@ cdef class CUDAGraphBase(ReplayBase):
                 c = opened_by(self)
                 site = c.site if c is not None else "?"
                 self._abort()
-                warnings.warn(f"a CUDAGraph was destroyed while capturing (capture_begin at {site}): "
-                              f"its capture was ended and discarded; call capture_end() or reset(), "
-                              f"or use 'with tensorplay.cuda.graph(g):'", ResourceWarning)
+                warn_user(f"a CUDAGraph was destroyed while capturing (capture_begin at {site}): "
+                          f"its capture was ended and discarded; call capture_end() or reset(), "
+                          f"or use 'with tensorplay.cuda.graph(g):'", ResourceWarning)
             except BaseException:
                 pass
         self._release()

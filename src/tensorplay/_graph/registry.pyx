@@ -9,8 +9,9 @@ from libc.stdint cimport uintptr_t
 
 from tensorplay._graph.streams cimport mode_name
 
-import sys
 import threading
+
+from tensorplay._frames import call_site as user_call_site
 
 
 @cython.final
@@ -48,13 +49,8 @@ def open_captures():
 
 
 cdef str call_site():
-    """file:line (function) of the nearest caller outside tensorplay."""
-    f = sys._getframe(1)
-    while f is not None and f.f_globals.get("__name__", "").partition(".")[0] == "tensorplay":
-        f = f.f_back
-    if f is None:
-        return "an unknown place"
-    return f"{f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})"
+    """file:line (function) of the nearest caller outside tensorplay (the one walker, tensorplay._frames)."""
+    return user_call_site()
 
 
 cdef OpenCapture forbidding():
