@@ -36,6 +36,7 @@ import weakref
 from typing import Any
 
 from tensorplay._driver.context import CudaError
+from tensorplay._memory.allocator import is_sleepable
 
 __all__ = ["CollectiveError", "NCCL_KERNEL_PREFIXES", "check_collectives_capturable", "check_sleep",
            "collective_kernels", "explain_collective_error", "graphs_with_collectives", "nccl_setting",
@@ -92,13 +93,17 @@ _lock = threading.Lock()
 
 
 def note_capture(graph: Any) -> None:
-    """Remember that ``graph`` captured into its pool (at each capture's end)."""
+    """Remember that ``graph`` captured into its pool (at each capture's end);
+    only sleepable pools' graphs, the ones sleep asks about."""
     pid = graph.pool_id
-    if pid is None:
+    if pid is None or not is_sleepable(pid):
         return
     with _lock:
         graphs = _by_pool.get(pid)
         if graphs is None:
+            if len(_by_pool) >= 64:          # pools whose graphs are all gone: forgotten
+                for key in [k for k, v in _by_pool.items() if not v]:
+                    del _by_pool[key]
             graphs = _by_pool[pid] = weakref.WeakSet()
         graphs.add(graph)
 
