@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overload
 
 from tensorplay._memory.api import graph_pool_handle
+from tensorplay._memory.sharing import pool_ranges
 from tensorplay._driver.context import CudaError, current_device, driver_version, is_available, require_cuda
 from tensorplay._graph.capture import CUDAGraphBase
 from tensorplay._graph.conditionals import IF_NODE, MAX_SWITCH_CASES, SWITCH_NODE, WHILE_NODE
@@ -289,6 +290,28 @@ class CUDAGraph(CUDAGraphBase):
         if res.returncode != 0:
             raise OSError(f"dot failed to render {path}: {res.stderr.strip()}")
         return path
+
+    def kernel_buffers(self) -> list[int]:
+        """Return the device pointers the captured kernels were given that point into the graph's pool.
+
+        Every 64-bit kernel argument of the captured graph (child graphs and
+        conditional bodies included) whose value falls inside a segment of
+        this graph's memory pool on its device, distinct and sorted: the
+        buffers a custom all-reduce registers after a capture (what vLLM's
+        ``register_graph_buffers`` collects), which a peer reaches through
+        :meth:`MappedPeerMemory.translate <tensorplay.cuda.MappedPeerMemory.translate>`
+        once the pool is exported. Pointers the kernels find in memory
+        (inside a struct in device memory) and the operands of memcpy and
+        memset nodes are not seen; an integer argument that happens to
+        equal an address in the pool would be. Kernel nodes whose arguments
+        the driver does not lay out are skipped with a RuntimeWarning.
+        """
+        words, unreadable = self._kernel_argument_words("kernel_buffers")
+        if unreadable:
+            warnings.warn(f"kernel_buffers: the arguments of {unreadable} kernel node(s) could not be read "
+                          f"(no layout from the driver); their buffers are not listed", RuntimeWarning, stacklevel=2)
+        ranges = pool_ranges(self.pool_id, self.device_index)
+        return sorted(w for w in words if any(a <= w < a + n for a, n in ranges))
 
     # ------------------------------------------------------------ conditional nodes
 
