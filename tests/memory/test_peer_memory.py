@@ -25,7 +25,7 @@ from tensorplay._memory import vmm
 from tensorplay.cuda import CUDAGraph, GraphPool, PoolAsleepError
 
 pytestmark = pytest.mark.cuda
-N = 1 << 16
+N = 1 << 14                     # a pickled read (64 KiB) fits one SOCK_SEQPACKET message
 
 # The peer: maps what it receives, then follows the exporter's commands.
 PEER = textwrap.dedent(r"""
