@@ -32,6 +32,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 import numpy
@@ -45,7 +46,7 @@ from tensorplay._tensor.transfer import foreign_converter
 from tensorplay._graph.registry import open_captures
 from tensorplay._graph.collectives import explain_collective_error
 
-__all__ = ["ForeignRandomError", "ForeignSession", "Library", "TorchLibrary", "CupyLibrary",
+__all__ = ["ForeignRandomError", "ForeignSession", "Library", "OutsidePoolBlock", "TorchLibrary", "CupyLibrary",
            "begin_session", "explain_capture_error", "foreign_capture_libraries", "graph_tensor",
            "is_foreign_tensor", "register_library", "set_foreign_capture", "unregister_library"]
 
@@ -644,6 +645,37 @@ class ForeignSession:
 
     def names(self) -> tuple[str, ...]:
         return tuple(lib.name for lib in self.libraries)
+
+
+class OutsidePoolBlock:
+    """The block of ``CUDAGraph.outside_pool()``: the graph's session stops
+    routing other libraries' allocations into its pool, then resumes."""
+
+    def __init__(self, graph: Any) -> None:
+        self._graph = graph
+        self._session: Any = None
+
+    def __enter__(self) -> Any:
+        g = self._graph
+        if not g.is_capturing:
+            raise RuntimeError("outside_pool: no capture is open on this graph (use it inside the capture)")
+        if g._capture_thread_ident != threading.get_ident():
+            raise RuntimeError("outside_pool must be used on the thread that began the capture")
+        if getattr(g, "_outside_pool_open", False):
+            raise RuntimeError("outside_pool: this capture is already inside an outside_pool() block")
+        session = g._foreign_session
+        if session is not None:
+            session.pause()
+            self._session = session
+        g._outside_pool_open = True
+        return g
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._graph._outside_pool_open = False
+        session, self._session = self._session, None
+        if session is not None:
+            session.resume()      # before the capture's own exit ends (or discards) the routing
 
 
 def begin_session(device: int, foreign: bool | None) -> ForeignSession | None:

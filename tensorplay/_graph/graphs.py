@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, overl
 
 from tensorplay._frames import warn_user
 from tensorplay._memory.api import graph_pool_handle
+from tensorplay._memory.sharing import pool_ranges
 from tensorplay._driver.context import CudaError, current_device, driver_version, is_available, require_cuda
 from tensorplay._graph.capture import CUDAGraphBase
 from tensorplay._graph.conditionals import IF_NODE, MAX_SWITCH_CASES, SWITCH_NODE, WHILE_NODE
@@ -31,7 +31,8 @@ from tensorplay._tensor.tensor import Tensor as _Tensor
 from tensorplay.types import CaptureErrorMode, PoolLike, StreamLike, TensorLike
 from tensorplay._graph import dot as _dot
 from tensorplay._graph import structured as _structured
-from tensorplay._graph.foreign import ForeignRandomError, explain_capture_error, graph_tensor, is_foreign_tensor
+from tensorplay._graph.foreign import (ForeignRandomError, OutsidePoolBlock, explain_capture_error, graph_tensor,
+                                      is_foreign_tensor)
 from tensorplay._graph.pools import GraphPool
 from tensorplay._graph.collectives import note_capture
 
@@ -320,7 +321,29 @@ class CUDAGraph(CUDAGraphBase):
         Raises RuntimeError outside a capture of this graph, on another
         thread than the capture's, or when already inside such a block.
         """
-        return _OutsidePool(self)
+        return OutsidePoolBlock(self)
+
+    def kernel_buffers(self) -> list[int]:
+        """Return the device pointers the captured kernels were given that point into the graph's pool.
+
+        Every 64-bit kernel argument of the captured graph (child graphs and
+        conditional bodies included) whose value falls inside a segment of
+        this graph's memory pool on its device, distinct and sorted: the
+        buffers a custom all-reduce registers after a capture (what vLLM's
+        ``register_graph_buffers`` collects), which a peer reaches through
+        :meth:`MappedPeerMemory.translate <tensorplay.cuda.MappedPeerMemory.translate>`
+        once the pool is exported. Pointers the kernels find in memory
+        (inside a struct in device memory) and the operands of memcpy and
+        memset nodes are not seen; an integer argument that happens to
+        equal an address in the pool would be. Kernel nodes whose arguments
+        the driver does not lay out are skipped with a RuntimeWarning.
+        """
+        words, unreadable = self._kernel_argument_words("kernel_buffers")
+        if unreadable:
+            warn_user(f"kernel_buffers: the arguments of {unreadable} kernel node(s) could not be read "
+                      f"(no layout from the driver); their buffers are not listed", RuntimeWarning)
+        ranges = pool_ranges(self.pool_id, self.device_index)
+        return sorted(w for w in words if any(a <= w < a + n for a, n in ranges))
 
     # ------------------------------------------------------------ conditional nodes
 
@@ -516,36 +539,6 @@ class CUDAGraph(CUDAGraphBase):
         if self.device_index < 0:           # never captured: no device yet
             return f"<CUDAGraph {state}>"
         return f"<CUDAGraph {state} device=cuda:{self.device_index} nodes={self.num_nodes} pool={self.pool_id}>"
-
-
-class _OutsidePool:
-    """The block of :meth:`CUDAGraph.outside_pool`."""
-
-    def __init__(self, graph: CUDAGraph) -> None:
-        self._graph = graph
-        self._session: Any = None
-
-    def __enter__(self) -> CUDAGraph:
-        g = self._graph
-        if not g.is_capturing:
-            raise RuntimeError("outside_pool: no capture is open on this graph (use it inside the capture)")
-        if g._capture_thread_ident != threading.get_ident():
-            raise RuntimeError("outside_pool must be used on the thread that began the capture")
-        if getattr(g, "_outside_pool_open", False):
-            raise RuntimeError("outside_pool: this capture is already inside an outside_pool() block")
-        session = g._foreign_session
-        if session is not None:
-            session.pause()
-            self._session = session
-        g._outside_pool_open = True
-        return g
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._graph._outside_pool_open = False
-        session, self._session = self._session, None
-        if session is not None:
-            session.resume()      # before the capture's own exit ends (or discards) the routing
 
 
 def is_current_stream_capturing() -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tensorplay._memory import vmm
+from tensorplay._memory.sharing import PoolExport, export_pool_handles
 from tensorplay._memory.api import allocator as _allocator
 from tensorplay._memory.api import graph_pool_handle, pool_asleep, sleep_pool, wake_pool
 from tensorplay._memory.allocator import PoolAsleepError
@@ -122,6 +123,21 @@ class GraphPool:
         if kept:
             synchronize()        # the host copies may go once the transfers are done
         return n
+
+    def export_handles(self, device: int | str | None = None, handle_type: str = "auto") -> PoolExport:
+        """Export the pool's segments on ``device`` so that other processes can map them.
+
+        Returns a :class:`~tensorplay.cuda.PoolExport`: its ``segments``
+        (picklable :class:`~tensorplay.cuda.ExportedSegment` records: the
+        segment's address here, size, handle, live blocks) and its ``fds``
+        (a POSIX file descriptor per segment of a sleepable pool, to send
+        over a Unix socket with ``socket.send_fds``; close the export once
+        sent). The peer maps them with :func:`tensorplay.cuda.import_segments`.
+        A pool made with ``sleepable=False`` exports CUDA IPC handles.
+        Refused while the pool sleeps (:class:`PoolAsleepError`). See
+        :func:`tensorplay.cuda.export_pool_handles`.
+        """
+        return export_pool_handles(self.id, device, handle_type)
 
     @staticmethod
     def _save(t: Any, i: int) -> tuple[Any, Any]:

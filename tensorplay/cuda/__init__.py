@@ -20,6 +20,8 @@ from tensorplay._memory.api import (empty_cache, graph_pool_handle, max_memory_a
                                     memory_allocated, memory_reserved, memory_snapshot, memory_stats,
                                     reset_peak_memory_stats)
 from tensorplay._memory.summary import live_driver_objects, memory_summary
+from tensorplay._memory.sharing import (ExportedSegment, MappedPeerMemory, PoolExport, export_pool_handles,
+                                        import_segments)
 from tensorplay._tensor.transfer import synchronize
 from tensorplay._kernels.cublaslt import CublasError
 from tensorplay._kernels.nvrtc import NVRTCError, clear_kernel_cache, kernel_cache_dir, kernel_cache_info
@@ -43,7 +45,8 @@ from tensorplay.cuda import graphs, random
 # tensorplay._stax.cudagraphs, the seed's name): one object under each name.
 sys.modules[__name__ + ".cudagraphs"] = cudagraphs
 
-__all__ = ["make_graphed_callables", "CUDAGraph", "GraphPool", "GraphSet", "PoolAsleepError", "ElementwiseKernel", "RawKernel", "cudagraphify", "graph",
+__all__ = ["make_graphed_callables", "CUDAGraph", "GraphPool", "GraphSet", "PoolAsleepError",
+    "ExportedSegment", "MappedPeerMemory", "PoolExport", "export_pool_handles", "import_segments", "ElementwiseKernel", "RawKernel", "cudagraphify", "graph",
     "is_current_stream_capturing", "to_dot", "CollectiveError", "check_collectives_capturable", "ForeignRandomError", "foreign_capture_libraries", "set_foreign_capture",
     "CublasError", "CublasUnavailableError", "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "HostFunctionError", "NVRTCError", "launch_host_func",

@@ -139,7 +139,7 @@ def _public_objects():
     return out
 
 
-_COMPILED = {"tensorplay._driver.context", "tensorplay._driver.stream", "tensorplay._memory.allocator", "tensorplay._tensor.base",
+_COMPILED = {"tensorplay._driver.context", "tensorplay._driver.stream", "tensorplay._memory.allocator", "tensorplay._memory.ipc", "tensorplay._tensor.base",
              "tensorplay._tensor.dlpack", "tensorplay._driver.memcpy", "tensorplay._driver.launch", "tensorplay._graph.capture"}
 _EMBEDDED = re.compile(r"^[\w.]+\(.*\)(\s*->\s*[\w\[\]., |]+)?$")   # Cython's embedsignature line
 

@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Node introspection: a captured CUgraph as plain data, for
-CUDAGraph.describe() and debug_dump()."""
+CUDAGraph.describe() and debug_dump(); the 64-bit words its kernels were
+given as arguments, for CUDAGraph.kernel_buffers()."""
 
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport check
 from tensorplay._graph.conditionals cimport body_label, kind_name
+from tensorplay._graph.rebind cimport ARGS_LAID_OUT, ARGS_RAW, read_kernel_args
 
 
 _KINDS = {
@@ -134,3 +136,55 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
                 if edata[i].type == cydriver.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC:
                     programmatic.append([a, b])
     return {"nodes": out, "edges": edges, "programmatic_edges": programmatic}
+
+
+cdef int kernel_argument_words(cydriver.CUgraph g, dict conditionals, set out) except -1:
+    """Add to ``out`` every aligned 64-bit word of the arguments of ``g``'s
+    kernel nodes (child graphs and the conditional bodies in
+    ``conditionals`` too): each argument of 8 bytes or more word by word
+    where the driver gives the layout, the whole buffer otherwise. Returns
+    the kernel nodes whose arguments could not be read."""
+    cdef size_t n = 0, i, j, w
+    cdef vector[cydriver.CUgraphNode] nodes
+    cdef cydriver.CUgraphNodeType t
+    cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
+    cdef cydriver.CUgraph child = NULL
+    cdef vector[char] buf
+    cdef vector[size_t] offsets, sizes
+    cdef unsigned long long value
+    cdef int how, unreadable = 0
+    check(cydriver.cuGraphGetNodes(g, NULL, &n))
+    if n == 0:
+        return 0
+    nodes.resize(n)
+    check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
+    for i in range(n):
+        check(cydriver.cuGraphNodeGetType(nodes[i], &t))
+        if t == cydriver.CU_GRAPH_NODE_TYPE_KERNEL:
+            memset(&kp, 0, sizeof(kp))
+            check(cydriver.cuGraphKernelNodeGetParams(nodes[i], &kp))
+            how = read_kernel_args(&kp, buf, offsets, sizes)
+            if how == ARGS_LAID_OUT:
+                for j in range(offsets.size()):
+                    w = 0
+                    while w + 8 <= sizes[j]:
+                        memcpy(&value, buf.data() + offsets[j] + w, 8)
+                        out.add(value)
+                        w += 8
+            elif how == ARGS_RAW:
+                w = 0
+                while w + 8 <= buf.size():
+                    memcpy(&value, buf.data() + w, 8)
+                    out.add(value)
+                    w += 8
+            else:
+                unreadable += 1
+        elif t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+            check(cydriver.cuGraphChildGraphNodeGetGraph(nodes[i], &child))
+            unreadable += kernel_argument_words(child, conditionals, out)
+        elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            info = conditionals.get(<uintptr_t>nodes[i])
+            if info is not None:
+                for body in info[1]:
+                    unreadable += kernel_argument_words(<cydriver.CUgraph><uintptr_t>body, conditionals, out)
+    return unreadable

@@ -8,6 +8,16 @@ from tensorplay._graph.copytable cimport COPY_TABLE_WORDS
 from tensorplay._tensor.base cimport TensorBase
 
 
+# how a kernel node's arguments could be read (read_kernel_args)
+cdef enum:
+    ARGS_UNREADABLE = 0     # kernelParams without a layout: nothing known
+    ARGS_RAW = 1            # the buffer, but not which bytes are which argument
+    ARGS_LAID_OUT = 2       # the buffer and each argument's offset and size
+
+cdef int read_kernel_args(cydriver.CUDA_KERNEL_NODE_PARAMS* kp, vector[char]& buf,
+                          vector[size_t]& offsets, vector[size_t]& sizes) except -1
+
+
 cdef struct ArgSlot:
     # one pointer argument of a patchable kernel node that points into a static tensor
     Py_ssize_t node               # index in Rebinder._nodes

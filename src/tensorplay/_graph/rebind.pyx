@@ -35,13 +35,7 @@ from tensorplay._graph.foreign import graph_tensor
 
 DEF MAX_PARAMS = 4096
 
-# how a kernel node's arguments could be read
-DEF ARGS_UNREADABLE = 0     # kernelParams without a layout: nothing known
-DEF ARGS_RAW = 1            # the buffer, but not which bytes are which argument
-DEF ARGS_LAID_OUT = 2       # the buffer and each argument's offset and size
-
-
-cdef int _read_args(cydriver.CUDA_KERNEL_NODE_PARAMS* kp, vector[char]& buf,
+cdef int read_kernel_args(cydriver.CUDA_KERNEL_NODE_PARAMS* kp, vector[char]& buf,
                     vector[size_t]& offsets, vector[size_t]& sizes) except -1:
     """The packed argument buffer of a kernel node, with its arguments' offsets
     and sizes where the driver knows them; returns one of ARGS_*."""
@@ -508,7 +502,7 @@ cdef class _Scan:
         cdef PatchNode pn
         memset(&kp, 0, sizeof(kp))
         check(cydriver.cuGraphKernelNodeGetParams(node, &kp))
-        how = _read_args(&kp, buf, offsets, sizes)
+        how = read_kernel_args(&kp, buf, offsets, sizes)
         if how == ARGS_UNREADABLE:
             self.mark_all()
             return 0

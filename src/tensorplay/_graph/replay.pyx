@@ -16,7 +16,7 @@ from tensorplay._driver.context cimport check, ensure_context
 from tensorplay._driver.stream cimport Stream, as_stream, current_stream_handle
 from tensorplay._driver.teardown cimport defer, destroy_graph_objects, destroy_must_wait
 from tensorplay._graph.children cimport embed_if_capturing
-from tensorplay._graph.describe cimport describe_graph
+from tensorplay._graph.describe cimport describe_graph, kernel_argument_words
 from tensorplay._graph.registry cimport captures_open
 from tensorplay._graph.rebind cimport Rebinder, make_rebinder
 from tensorplay._graph.stager cimport Stager, check_stage_arguments, make_stager
@@ -441,6 +441,17 @@ cdef class ReplayBase:
             raise RuntimeError(f"{what}: nothing captured (capture first; a reset graph has no nodes)")
         ensure_context(self._device)
         return describe_graph(self._cur.graph, detailed, self._cur.conditionals)
+
+    def _kernel_argument_words(self, str what="kernel_buffers"):
+        """The 64-bit words the captured graph's kernels were given as
+        arguments, and how many kernel nodes could not be read (see
+        CUDAGraph.kernel_buffers)."""
+        cdef set words = set()
+        if self._cur.graph == NULL:
+            raise RuntimeError(f"{what}: nothing captured (capture first; a reset graph has no nodes)")
+        ensure_context(self._device)
+        unreadable = kernel_argument_words(self._cur.graph, self._cur.conditionals, words)
+        return words, unreadable
 
     # ------------------------------------------------------------ lifetime
 

@@ -12,3 +12,6 @@ cdef cydriver.CUresult vmm_granularity(int device, size_t* granularity) noexcept
 cdef bint vmm_supported(int device) noexcept nogil
 cdef void vmm_route(unsigned long long capture_id, long long pool) noexcept nogil
 cdef void vmm_unroute(unsigned long long capture_id) noexcept nogil
+# a region's physical memory as a shareable handle (another process maps it: tensorplay._memory.ipc)
+cdef cydriver.CUresult vmm_export(cydriver.CUdeviceptr ptr, int handle_type, void* out,
+                                  unsigned long long* generation) noexcept nogil

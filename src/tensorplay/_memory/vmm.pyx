@@ -7,6 +7,13 @@ and releases the physical part of a pool's segments, keeping the addresses,
 so graphs instantiated over them stay valid; ``vmm_wake`` maps new physical
 memory at the same addresses. Contents do not survive a sleep.
 
+Physical memory is created with the shareable handle types the device
+supports (a POSIX file descriptor, and a fabric handle where the device
+and the system allow one), so another process can map a pool's segments
+(tensorplay._memory.ipc, ``vmm_export``). A cuMemCreate refused with a
+handle type is retried with fewer, and the device remembers what worked:
+sharing is lost, never the allocation.
+
 The registry (address -> region) serves the caching allocator's sleepable
 pools (tensorplay._memory.backend) and, through the exported C functions
 ``tensorplay_torch_malloc`` / ``tensorplay_torch_free`` (tp_export.hpp),
@@ -38,6 +45,8 @@ cdef struct Region:
     long long pool                            # -1: not a pool's (never slept)
     cydriver.CUmemGenericAllocationHandle handle
     bint mapped
+    int handle_types                          # the shareable handle types its physical memory has
+    unsigned long long generation             # physical memories it has had (wake makes a new one)
 
 
 cdef mutex _lock
@@ -45,6 +54,13 @@ cdef cmap[cydriver.CUdeviceptr, Region] _regions
 cdef cmap[unsigned long long, long long] _capture_pools     # capture id -> sleepable pool
 cdef size_t _granularity[MAX_DEVICES]
 cdef signed char _supported[MAX_DEVICES]                    # 0 unknown, 1 yes, -1 no
+cdef int _handle_types[MAX_DEVICES]                         # -1 unknown, else the types cuMemCreate asks for
+for _d in range(MAX_DEVICES):
+    _handle_types[_d] = -1
+
+# the shareable handle types (CUmemAllocationHandleType bits) a segment may have
+FD_TYPE = cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+FABRIC_TYPE = cydriver.CU_MEM_HANDLE_TYPE_FABRIC
 
 
 cdef inline void _prop(cydriver.CUmemAllocationProp* prop, int device) noexcept nogil:
@@ -52,6 +68,60 @@ cdef inline void _prop(cydriver.CUmemAllocationProp* prop, int device) noexcept 
     prop.type = cydriver.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
     prop.location.id = device
+
+
+cdef inline int fewer_handle_types(int types) noexcept nogil:
+    """What cuMemCreate asks for after a refusal with ``types``: fabric goes
+    first (it needs the system's fabric manager, not only the device), then
+    every type; -1 when there is nothing left to drop."""
+    if types & <int>cydriver.CU_MEM_HANDLE_TYPE_FABRIC:
+        return types & ~<int>cydriver.CU_MEM_HANDLE_TYPE_FABRIC
+    if types:
+        return 0
+    return -1
+
+
+cdef int _device_handle_types(int device) noexcept nogil:
+    """The shareable handle types to ask for on ``device``: those its
+    attributes say it supports, less those a cuMemCreate refused."""
+    cdef cydriver.CUdevice dev
+    cdef int value = 0, types = 0
+    if _handle_types[device] < 0:
+        if cydriver.cuDeviceGet(&dev, device) != cydriver.CUDA_SUCCESS:
+            return 0
+        if cydriver.cuDeviceGetAttribute(&value, cydriver.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                         dev) == cydriver.CUDA_SUCCESS and value:
+            types |= <int>cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        value = 0
+        if cydriver.cuDeviceGetAttribute(&value, cydriver.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+                                         dev) == cydriver.CUDA_SUCCESS and value:
+            types |= <int>cydriver.CU_MEM_HANDLE_TYPE_FABRIC
+        _handle_types[device] = types
+    return _handle_types[device]
+
+
+cdef cydriver.CUresult _create(size_t size, int device, cydriver.CUmemGenericAllocationHandle* out,
+                               int* types_out) noexcept nogil:
+    """cuMemCreate with the device's shareable handle types; a refusal other
+    than out of memory is retried with fewer (remembered once one works)."""
+    cdef cydriver.CUmemAllocationProp prop
+    cdef cydriver.CUresult r
+    cdef int first = _device_handle_types(device)
+    cdef int types = first
+    _prop(&prop, device)
+    while True:
+        prop.requestedHandleTypes = <cydriver.CUmemAllocationHandleType>types
+        r = cydriver.cuMemCreate(out, size, &prop, 0)
+        if r == cydriver.CUDA_SUCCESS:
+            if types != first:
+                _handle_types[device] = types     # later segments skip the refused types
+            types_out[0] = types
+            return r
+        if r == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
+            return r
+        types = fewer_handle_types(types)
+        if types < 0:
+            return r
 
 
 cdef bint vmm_supported(int device) noexcept nogil:
@@ -85,15 +155,16 @@ cdef cydriver.CUresult vmm_granularity(int device, size_t* granularity) noexcept
 
 
 cdef cydriver.CUresult _map(cydriver.CUdeviceptr ptr, size_t size, int device,
-                            cydriver.CUmemGenericAllocationHandle* out) noexcept nogil:
+                            cydriver.CUmemGenericAllocationHandle* out, int* types) noexcept nogil:
     """Create ``size`` bytes of physical memory on ``device`` and map them
-    read-write at ``ptr`` (undone on failure)."""
+    read-write at ``ptr`` (undone on failure); ``types``: its shareable
+    handle types."""
     cdef cydriver.CUmemAllocationProp prop
     cdef cydriver.CUmemAccessDesc access
     cdef cydriver.CUmemGenericAllocationHandle h
     cdef cydriver.CUresult r
     _prop(&prop, device)
-    r = cydriver.cuMemCreate(&h, size, &prop, 0)
+    r = _create(size, device, &h, types)
     if r != cydriver.CUDA_SUCCESS:
         return r
     r = cydriver.cuMemMap(ptr, size, 0, h, 0)
@@ -131,10 +202,11 @@ cdef cydriver.CUresult vmm_create(int device, size_t size, long long pool, cydri
     r = cydriver.cuMemAddressReserve(&ptr, size, 0, 0, 0)
     if r != cydriver.CUDA_SUCCESS:
         return r
-    r = _map(ptr, size, device, &reg.handle)
+    r = _map(ptr, size, device, &reg.handle, &reg.handle_types)
     if r != cydriver.CUDA_SUCCESS:
         cydriver.cuMemAddressFree(ptr, size)
         return r
+    reg.generation = 1
     reg.ptr = ptr
     reg.size = size
     reg.device = device
@@ -200,10 +272,11 @@ cdef cydriver.CUresult vmm_wake(long long pool, int device, size_t* nbytes) noex
     while it != _regions.end():
         reg = &deref(it).second
         if reg.pool == pool and reg.device == device and not reg.mapped:
-            r = _map(reg.ptr, reg.size, reg.device, &reg.handle)
+            r = _map(reg.ptr, reg.size, reg.device, &reg.handle, &reg.handle_types)
             if r != cydriver.CUDA_SUCCESS:
                 break
             reg.mapped = True
+            reg.generation += 1
             woken.push_back(reg)
             nbytes[0] += reg.size
         preinc(it)
@@ -211,6 +284,30 @@ cdef cydriver.CUresult vmm_wake(long long pool, int device, size_t* nbytes) noex
         for reg in woken:
             _unmap(reg)
         nbytes[0] = 0
+    _lock.unlock()
+    return r
+
+
+cdef cydriver.CUresult vmm_export(cydriver.CUdeviceptr ptr, int handle_type, void* out,
+                                  unsigned long long* generation) noexcept nogil:
+    """Export the physical memory of the region at ``ptr`` as a shareable
+    handle of ``handle_type`` into ``out`` (an int file descriptor, or a
+    CUmemFabricHandle), under the lock so that no sleep releases it meanwhile.
+    CUDA_ERROR_INVALID_VALUE: no region there; CUDA_ERROR_NOT_MAPPED: asleep;
+    CUDA_ERROR_NOT_SUPPORTED: its memory was made without that type."""
+    cdef cydriver.CUresult r
+    _lock.lock()
+    it = _regions.find(ptr)
+    if it == _regions.end():
+        r = cydriver.CUDA_ERROR_INVALID_VALUE
+    elif not deref(it).second.mapped:
+        r = cydriver.CUDA_ERROR_NOT_MAPPED
+    elif not (deref(it).second.handle_types & handle_type):
+        r = cydriver.CUDA_ERROR_NOT_SUPPORTED
+    else:
+        generation[0] = deref(it).second.generation
+        r = cydriver.cuMemExportToShareableHandle(out, deref(it).second.handle,
+                                                  <cydriver.CUmemAllocationHandleType>handle_type, 0)
     _lock.unlock()
     return r
 
@@ -282,8 +379,32 @@ def supported(int device):
     return vmm_supported(device)
 
 
+def handle_type_names(int types):
+    """The names of the shareable handle types in the bitmask ``types``."""
+    names = []
+    if types & <int>cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
+        names.append("posix_fd")
+    if types & <int>cydriver.CU_MEM_HANDLE_TYPE_FABRIC:
+        names.append("fabric")
+    return names
+
+
+def next_handle_types(int types):
+    """The handle types a segment asks for after cuMemCreate refused
+    ``types`` (-1: none left to drop); the fallback order, for tests."""
+    return fewer_handle_types(types)
+
+
+def shareable_handle_types(int device):
+    """The shareable handle types ``device``'s sleepable segments are made
+    with now (names): what its attributes allow, less what cuMemCreate refused."""
+    ensure_context(device)
+    return handle_type_names(_device_handle_types(device))
+
+
 def regions(pool=None):
-    """The registered regions as dicts (address, size, device, pool, mapped),
+    """The registered regions as dicts (address, size, device, pool, mapped,
+    handle_types: names, generation: physical memories it has had),
     optionally only ``pool``'s: for tests and memory reports."""
     out = []
     cdef Region reg
@@ -294,7 +415,8 @@ def regions(pool=None):
             reg = entry.second
             if pool is None or reg.pool == pool:
                 out.append({"address": reg.ptr, "size": reg.size, "device": reg.device, "pool": reg.pool,
-                            "mapped": bool(reg.mapped)})
+                            "mapped": bool(reg.mapped), "handle_types": handle_type_names(reg.handle_types),
+                            "generation": reg.generation})
     finally:
         _lock.unlock()
     return out
