@@ -29,6 +29,7 @@ paths of ``tensorplay._graph.foreign`` and ``structured`` call
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
@@ -152,7 +153,8 @@ def _torch_distributed() -> Any:
     if torch is None:
         raise CollectiveError("check_collectives_capturable: PyTorch is not imported; the check reads "
                               "torch.distributed process groups")
-    import torch.distributed as dist
+    # PyTorch's own subpackage, imported on demand (not a dependency of tensorplay)
+    dist = importlib.import_module("torch.distributed")
     if not dist.is_available():
         raise CollectiveError("check_collectives_capturable: this PyTorch is built without torch.distributed")
     return dist
