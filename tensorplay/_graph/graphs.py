@@ -342,7 +342,10 @@ class CUDAGraph(CUDAGraphBase):
         if unreadable:
             warn_user(f"kernel_buffers: the arguments of {unreadable} kernel node(s) could not be read "
                       f"(no layout from the driver); their buffers are not listed", RuntimeWarning)
-        ranges = pool_ranges(self.pool_id, self.device_index)
+        pool_id = self.pool_id
+        if pool_id is None:            # nothing captured: no pool, no buffers
+            return []
+        ranges = pool_ranges(pool_id, self.device_index)
         return sorted(w for w in words if any(a <= w < a + n for a, n in ranges))
 
     # ------------------------------------------------------------ conditional nodes

@@ -258,8 +258,8 @@ def export_pool_handles(pool_id: int, device: Any = None, handle_type: str = "au
 def check_import(segments: Sequence[ExportedSegment], fds: Sequence[int]) -> list[tuple[int, int, str, Any]]:
     """Check what ``import_segments`` was given and return what to map:
     ``(address, size, kind, source)`` per segment (see ipc.map_segments)."""
-    specs = []
-    seen = []
+    specs: list[tuple[int, int, str, Any]] = []
+    seen: list[ExportedSegment] = []
     for i, seg in enumerate(segments):
         if not isinstance(seg, ExportedSegment):
             raise TypeError(f"import_segments: item {i} is a {type(seg).__name__}, not an ExportedSegment")
@@ -271,6 +271,7 @@ def check_import(segments: Sequence[ExportedSegment], fds: Sequence[int]) -> lis
                                  f"process {seg.pid} overlap")
         seen.append(seg)
         if seg.handle_type == "posix_fd":
+            assert seg.fd_index is not None      # check_segment: a posix_fd segment has one
             if seg.fd_index >= len(fds):
                 raise ValueError(f"import_segments: segment {i} needs fds[{seg.fd_index}], but {len(fds)} fds "
                                  f"were given (file descriptors travel apart: socket.send_fds / recv_fds)")
@@ -329,9 +330,10 @@ def import_segments(segments: Iterable[ExportedSegment] | PoolExport, fds: Seque
     if isinstance(segments, PoolExport):
         if fds:
             raise ValueError("import_segments: a PoolExport brings its own fds; pass fds only with a list of segments")
-        segments, fds = segments.segments, segments.fds
-    segments = tuple(segments)
+        records, fds = tuple(segments.segments), segments.fds
+    else:
+        records = tuple(segments)
     fds = tuple(fds)
-    specs = check_import(segments, fds)
+    specs = check_import(records, fds)
     d = device_index(device)
-    return ipc.map_segments(specs, d, segments)
+    return ipc.map_segments(specs, d, records)

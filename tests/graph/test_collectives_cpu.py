@@ -41,6 +41,7 @@ class FakeGraph:
 
 def test_sleep_is_checked_against_the_pools_graphs(monkeypatch):
     monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
+    monkeypatch.setattr(collectives, "is_sleepable", lambda pool_id: True)     # the fake pools sleep
     plain, nccl = FakeGraph(10_001, ["tp_add"]), FakeGraph(10_001, ["ncclDevKernel_AllReduce_Sum_f32"])
     other = FakeGraph(10_002, ["ncclDevKernel_AllReduce_Sum_f32"])
     for g in (plain, nccl, other):
