@@ -45,9 +45,11 @@ from tensorplay._tensor.base import TensorBase
 from tensorplay._tensor.transfer import foreign_converter
 from tensorplay._graph.registry import open_captures
 from tensorplay._graph.collectives import explain_collective_error
+from tensorplay._graph.compiled import explain_compile_error, watch_compiles
 
 __all__ = ["ForeignRandomError", "ForeignSession", "Library", "OutsidePoolBlock", "TorchLibrary", "CupyLibrary",
-           "begin_session", "explain_capture_error", "foreign_capture_libraries", "graph_tensor",
+           "begin_session", "explain_capture_error", "foreign_capture_libraries", "foreign_capture_stream",
+           "graph_tensor",
            "is_foreign_tensor", "register_library", "set_foreign_capture", "unregister_library"]
 
 
@@ -278,6 +280,7 @@ class TorchLibrary(Library):
 
     def prepare(self, device: int) -> None:
         torch = sys.modules["torch"]
+        watch_compiles()                 # torch.compile starting inside a capture: a clear error
         made = getattr(self._tls, "blas", None)
         if made is None:
             made = self._tls.blas = set()
@@ -555,6 +558,20 @@ def foreign_capture_on_this_thread() -> bool:
     return False
 
 
+def foreign_capture_stream(device: int) -> int | None:
+    """The raw handle of an imported library's current stream on ``device``
+    (this thread) while it is capturing, or None: where ``tensorplay.cuda.embed``
+    adds a graph inside another library's capture."""
+    for lib in _libraries:
+        if lib.module in sys.modules:
+            try:
+                if lib.is_capturing():
+                    return lib.current_stream_handle(device)
+            except Exception:
+                pass
+    return None
+
+
 def _followed(enabled: bool) -> list[Library]:
     return [lib for lib in _libraries if enabled and lib.is_loaded()]
 
@@ -698,6 +715,9 @@ def explain_capture_error(exc: BaseException, in_body: bool = False) -> BaseExce
     collective = explain_collective_error(exc, in_body)
     if collective is not None:
         return collective
+    compiled = explain_compile_error(exc)          # torch.compile inside the capture
+    if compiled is not None:
+        return compiled
     if isinstance(exc, RuntimeError) and not isinstance(exc, ForeignRandomError) and _TORCH_RNG in str(exc):
         return ForeignRandomError(
             "a PyTorch random op (torch.rand, randn, randint, dropout, multinomial, normal_, ...) ran inside a "

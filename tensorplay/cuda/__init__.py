@@ -37,6 +37,8 @@ from tensorplay._graph.kernel_catalog import precompile
 from tensorplay._graph.graphs import CUDAGraph, graph, is_current_stream_capturing, make_graphed_callables
 from tensorplay._graph.foreign import ForeignRandomError, foreign_capture_libraries, set_foreign_capture
 from tensorplay._graph.collectives import CollectiveError, check_collectives_capturable
+from tensorplay._graph.compiled import CompileInCaptureError
+from tensorplay._graph.embedding import embed
 from tensorplay._graph.pools import GraphPool, PoolAsleepError
 from tensorplay._graph.graphset import GraphSet
 from tensorplay.cuda import graphs, random
@@ -47,7 +49,7 @@ sys.modules[__name__ + ".cudagraphs"] = cudagraphs
 
 __all__ = ["make_graphed_callables", "CUDAGraph", "GraphPool", "GraphSet", "PoolAsleepError",
     "ExportedSegment", "MappedPeerMemory", "PoolExport", "export_pool_handles", "import_segments", "ElementwiseKernel", "RawKernel", "cudagraphify", "graph",
-    "is_current_stream_capturing", "to_dot", "CollectiveError", "check_collectives_capturable", "ForeignRandomError", "foreign_capture_libraries", "set_foreign_capture",
+    "is_current_stream_capturing", "to_dot", "CollectiveError", "check_collectives_capturable", "CompileInCaptureError", "embed", "ForeignRandomError", "foreign_capture_libraries", "set_foreign_capture",
     "CublasError", "CublasUnavailableError", "CudaError", "CudaUnavailableError", "OutOfMemoryError", "Event", "ExternalStream", "Stream",
     "HostFunctionError", "NVRTCError", "launch_host_func",
     "can_device_access_peer", "clear_kernel_cache", "current_device", "current_stream", "default_stream", "device",

@@ -26,6 +26,7 @@ INSTANCES = {
     "CublasUnavailableError": lambda: tp.cuda.CublasUnavailableError("no cuBLASLt"),
     "CollectiveError": lambda: tp.cuda.CollectiveError("run one collective eagerly before capturing"),
     "ForeignRandomError": lambda: tp.cuda.ForeignRandomError("torch.rand inside a capture"),
+    "CompileInCaptureError": lambda: tp.cuda.CompileInCaptureError("torch.compile began compiling in a capture"),
     "PoolAsleepError": lambda: tp.cuda.PoolAsleepError("the pool sleeps"),
     "NVRTCError": lambda: tp.cuda.NVRTCError("compiling k.cu for sm_90 failed: NVRTC_ERROR_COMPILATION", "log"),
 }

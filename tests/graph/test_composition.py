@@ -6,12 +6,14 @@ host functions, eagerly and as host nodes; event nodes ordering two graphs
 on two streams."""
 
 import gc
+import time
 
 import numpy as np
 import pytest
 
 import tensorplay as tp
 from helpers import slow_writer, warm
+from tensorplay._testing import run_deferred_teardown
 from tensorplay.cuda import CUDAGraph
 
 pytestmark = pytest.mark.cuda
@@ -148,38 +150,62 @@ def test_refusals_leave_the_capture_usable():
     assert np.unique(x.numpy()).tolist() == [2.0]
 
 
-def test_replay_inside_another_librarys_capture_leaves_it_intact():
-    """The driver cannot capture a graph launch: replay (and staging and
-    rebinding) on a stream another library captures refuses before
-    launching, the error says why, that capture goes on and ends cleanly,
-    and the graph replays normally afterwards."""
+def test_replay_inside_another_librarys_capture_embeds_the_graph():
+    """Inside a capture that is not tensorplay's (here the driver API's),
+    replay() adds the graph as a child graph node held by a user object of
+    that graph, which keeps its pool after the graph object is dropped;
+    staging and rebinding, which cannot be captured, refuse before
+    launching and leave that capture intact."""
     from cuda.bindings import driver
+    ok = driver.CUresult.CUDA_SUCCESS
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
+    pool = child.pool_id
     err, s = driver.cuStreamCreate(1)
-    assert err == driver.CUresult.CUDA_SUCCESS
+    assert err == ok
     try:
         theirs = tp.cuda.ExternalStream(int(s))  # before the capture: asking a capturing stream its device fails
         assert driver.cuStreamBeginCapture(
-            s, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)[0] == driver.CUresult.CUDA_SUCCESS
-        with pytest.raises(tp.cuda.CudaError, match="capturing for another library.*left intact") as info:
-            child.replay(theirs)
-        assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+            s, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)[0] == ok
         with tp.cuda.stream(theirs):
             for call in (lambda: child.stage_and_launch([x], [x]), lambda: child.rebind_and_launch([x], [x])):
                 with pytest.raises(tp.cuda.CudaError, match="left intact") as info:
                     call()
                 assert info.value.name == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        child.replay(theirs)
+        child.replay(int(s))                      # a raw handle: the device is the graph's
         err, status = driver.cuStreamIsCapturing(s)
         assert status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
         err, graph = driver.cuStreamEndCapture(s)
-        assert err == driver.CUresult.CUDA_SUCCESS
+        assert err == ok
+        err, _, n = driver.cuGraphGetNodes(graph, 0)
+        assert err == ok and n == 2
+        err, exe = driver.cuGraphInstantiate(graph, 0)
+        assert err == ok
+        del child
+        gc.collect()
+        assert _pool_refs(pool) == 2                         # the two embeddings' holds
+        x.zero_()
+        tp.cuda.synchronize()
+        assert driver.cuGraphLaunch(exe, s)[0] == ok
+        assert driver.cuStreamSynchronize(s)[0] == ok
+        assert np.unique(x.numpy()).tolist() == [_expected(0, 2)]
+        driver.cuGraphExecDestroy(exe)
         driver.cuGraphDestroy(graph)
     finally:
         driver.cuStreamDestroy(s)
-    x.zero_()
-    child.replay()
-    assert np.unique(x.numpy()).tolist() == [1.0]
+    deadline = time.monotonic() + 10
+    while _pool_refs(pool) and time.monotonic() < deadline:    # destructors run on a driver thread
+        time.sleep(0.01)
+        run_deferred_teardown()
+    assert _pool_refs(pool) == 0
+
+
+def _pool_refs(pool):
+    gc.collect()
+    tp.cuda.synchronize()
+    tp.cuda.empty_cache()
+    return tp.cuda.memory_stats().get(f"pool.{pool}.graph_refs", 0)
 
 
 def test_rebind_and_stage_reach_into_a_child():

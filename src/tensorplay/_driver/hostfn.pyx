@@ -74,6 +74,29 @@ cdef void _release(void* data) noexcept nogil:
     drop_reference_later(data)
 
 
+cdef int retain_in_graph(cydriver.CUgraph graph, object obj) except -1:
+    """Make ``graph`` hold a reference to ``obj`` for its life: a user object
+    (cuUserObjectCreate) moved to the graph (cuGraphRetainUserObject), so
+    that executables instantiated from it, clones and graphs it is a child
+    of hold it too. The driver releases it once the last of them is
+    destroyed and their launches are done, on a thread of its choosing: the
+    reference is then handed to the main thread (drop_reference_later),
+    never dropped there. Costs every launch of the graph a wait for the
+    previous one (docs/design.md): only for graphs that are not ours."""
+    cdef cydriver.CUuserObject keeper = NULL
+    cdef cydriver.CUresult r
+    Py_INCREF(obj)
+    r = cydriver.cuUserObjectCreate(&keeper, <void*>obj, _release, 1, cydriver.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+    if r != cydriver.CUDA_SUCCESS:
+        Py_DECREF(obj)
+        check(r)
+    r = cydriver.cuGraphRetainUserObject(graph, keeper, 1, cydriver.CU_GRAPH_USER_OBJECT_MOVE)
+    if r != cydriver.CUDA_SUCCESS:
+        cydriver.cuUserObjectRelease(keeper, 1)      # its destructor drops the reference
+        check(r)
+    return 0
+
+
 def launch_host_func(fn, stream=None):
     """Queue ``fn()`` on ``stream`` (default: the current stream), cuLaunchHostFunc.
 
@@ -110,7 +133,6 @@ def launch_host_func(fn, stream=None):
     cdef Stream s = as_stream(stream)
     cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
     cdef cydriver.CUgraph g = NULL
-    cdef cydriver.CUuserObject keeper = NULL
     cdef cydriver.CUresult r
     with nogil:
         ensure_context(s._device)
@@ -122,18 +144,7 @@ def launch_host_func(fn, stream=None):
     call.in_graph = status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE
     if call.in_graph:
         refuse_in_conditional_body(s._handle, "launch_host_func")
-        # the graph, its executables and clones keep the call alive: a user
-        # object holding one reference, released when the last of them dies
-        Py_INCREF(call)
-        r = cydriver.cuUserObjectCreate(&keeper, <void*>call, _release, 1,
-                                        cydriver.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
-        if r != cydriver.CUDA_SUCCESS:
-            Py_DECREF(call)
-            check(r)
-        r = cydriver.cuGraphRetainUserObject(g, keeper, 1, cydriver.CU_GRAPH_USER_OBJECT_MOVE)
-        if r != cydriver.CUDA_SUCCESS:
-            cydriver.cuUserObjectRelease(keeper, 1)      # its destructor drops the reference
-            check(r)
+        retain_in_graph(g, call)     # the graph, its executables and clones keep the call alive
     else:
         Py_INCREF(call)          # released by _run after its one run
     with nogil:

@@ -350,8 +350,25 @@ cdef class ExternalStream(Stream):
         self._owner = owner
 
 
+cdef object _known_device(object handle, int device):
+    """``device`` (the caller's) for a stream that is capturing, where the
+    driver will not say its device (another library's capture stream
+    passed to replay); None otherwise: ExternalStream asks the driver."""
+    cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    cdef cydriver.CUresult r
+    cdef cydriver.CUstream h
+    if device < 0 or not isinstance(handle, int) or handle <= 2:
+        return None
+    h = <cydriver.CUstream><uintptr_t>handle
+    with nogil:
+        ensure_context(device)
+        r = cydriver.cuStreamIsCapturing(h, &status)
+    return device if r == cydriver.CUDA_SUCCESS and status != cydriver.CU_STREAM_CAPTURE_STATUS_NONE else None
+
+
 cdef Stream as_stream(object obj, int device=-1):
-    """Coerce a Stream, an object with __cuda_stream__ or .cuda_stream, or an int."""
+    """Coerce a Stream, an object with __cuda_stream__ or .cuda_stream, or an int;
+    ``device``: the device the caller expects, taken for a capturing stream."""
     if isinstance(obj, Stream):
         return <Stream>obj
     if obj is None:
@@ -365,11 +382,12 @@ cdef Stream as_stream(object obj, int device=-1):
             handle = int(ver_handle[1])
         except (TypeError, IndexError, ValueError):
             raise TypeError(f"{type(obj).__name__}.__cuda_stream__ must return (version, handle)")
-        return ExternalStream(handle, owner=obj)
+        return ExternalStream(handle, _known_device(handle, device), owner=obj)
     if hasattr(obj, "cuda_stream") and not isinstance(obj, int):
-        return ExternalStream(int(obj.cuda_stream), owner=obj)
+        handle = int(obj.cuda_stream)
+        return ExternalStream(handle, _known_device(handle, device), owner=obj)
     if isinstance(obj, int) and not isinstance(obj, bool):
-        return ExternalStream(obj)
+        return ExternalStream(obj, _known_device(obj, device))
     raise TypeError(
         f"expected a tensorplay.cuda.Stream or an object with __cuda_stream__, got {type(obj).__name__}")
 

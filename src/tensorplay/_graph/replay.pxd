@@ -45,6 +45,7 @@ cdef class ReplayBase:
     cdef void _drop_rebinder(self) noexcept
     cdef void _drop_stager(self) noexcept
     cdef int _note_replay_stream(self, uintptr_t stream) except -1
+    cdef bint _embed(self, cydriver.CUstream s) except -1
     cdef int _replay_error(self, str what) except -1
     cdef int _asleep_error(self, str what) except -1
     cdef void retire_previous(self) noexcept

@@ -50,10 +50,9 @@ cdef int refuse_capturing_stream(cydriver.CUresult r, cydriver.CUstreamCaptureSt
     if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
         raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                          f"{what} on a stream that is capturing for another library (PyTorch, CuPy, cuda.core, "
-                         f"the driver API), or a launch that cannot join a tensorplay capture: the driver cannot "
-                         f"capture a graph launch, so nothing was launched and that capture is left intact. A "
-                         f"tensorplay graph joins tensorplay captures only, by replay() (as a child graph node): "
-                         f"capture the outer graph with tp.cuda.graph")
+                         f"the driver API), or a launch that cannot join a capture: the driver cannot capture a "
+                         f"graph launch, so nothing was launched and that capture is left intact. A tensorplay "
+                         f"graph joins a capture by replay() or tp.cuda.embed() (as a child graph node)")
     raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
                      f"{what} on a stream whose capture was invalidated; end that capture first")
 
@@ -201,7 +200,13 @@ cdef class ReplayBase:
         graph runs it at each of its replays, and keeps its memory (pool and
         the tensors it uses) alive, whatever becomes of this graph. A graph
         with conditional nodes cannot be embedded (the driver's rule), nor
-        one captured into the pool the outer capture allocates from.
+        one captured into the pool the outer capture allocates from. The
+        same holds inside another library's capture (``torch.cuda.graph``,
+        CuPy's, cuda.core's): pass its capture stream
+        (``replay(torch.cuda.current_stream())``) or use
+        :func:`tensorplay.cuda.embed`, which finds it; that graph keeps this
+        one's memory through a CUDA user object until it and its
+        executables are destroyed.
 
         Parameters
         ----------
@@ -226,11 +231,11 @@ cdef class ReplayBase:
                 raise ValueError(f"replay: the graph belongs to cuda:{self._device}, "
                                  f"the stream to cuda:{so._device}")
             s = so._handle
-        if captures_open() and embed_if_capturing(self._device, s, self._cur.graph, self._cur.pool_id,
-                                                  self._cur.kept, self._cur.foreign_holds,
-                                                  len(self._cur.conditionals) != 0):
+        if captures_open() and self._embed(s):
             return
         if self._rebinder is not None and self._rebinder.rebound:
+            if self._embed(s):              # another library's capture: the graph, not the executable
+                return
             self._rebinder.restore()        # replay() reads the static tensors
         with nogil:
             ensure_context(self._device)
@@ -242,12 +247,19 @@ cdef class ReplayBase:
             else:
                 launched = False
         if not launched:
+            if r == cydriver.CUDA_SUCCESS and status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE and self._embed(s):
+                return                      # another library's capture (PyTorch's, CuPy's, cuda.core's)
             refuse_capturing_stream(r, status, "replay")
         check(r)
         # only streams that ran a replay: the graph's memory waits for them
         # when it is freed (a stream the launch failed on may be gone by then)
         if <uintptr_t>s != self._last_replay_stream:
             self._note_replay_stream(<uintptr_t>s)
+
+    cdef bint _embed(self, cydriver.CUstream s) except -1:
+        """Embed the graph in the capture open on ``s`` (see replay); False when none is."""
+        return embed_if_capturing(self._device, s, self._cur.graph, self._cur.pool_id, self._cur.kept,
+                                  self._cur.foreign_holds, len(self._cur.conditionals) != 0)
 
     def upload(self, stream=None):
         """Upload the executable to the device now, cuGraphUpload, on the
