@@ -92,17 +92,22 @@ class CapturePlan:
 
     # ------------------------------------------------------------ arithmetic
 
+    def _records(self) -> list[SizeRecord]:
+        # a snapshot (one C call): a report or size_for may read while another thread records
+        return list(self.records.values())
+
     def added(self) -> int:
         """The pool growth the set's captures add up to (bytes)."""
-        return sum(r.nbytes for r in self.records.values())
+        return sum(r.nbytes for r in self._records())
 
     def estimate(self, size: int) -> int | None:
         """Bytes the capture of ``size`` is expected to add (see the class)."""
-        if not self.records:
+        records = self._records()
+        if not records:
             return None
-        if size < self.captured_sizes[-1]:
-            return max((r.nbytes for r in self.records.values() if r.below), default=0)
-        tops = sorted((r for r in self.records.values() if r.top), key=lambda r: r.size)
+        if size < max(r.size for r in records):
+            return max((r.nbytes for r in records if r.below), default=0)
+        tops = sorted((r for r in records if r.top), key=lambda r: r.size)
         if len(tops) < 2:
             return None
         a, b = tops[-2], tops[-1]
@@ -121,8 +126,9 @@ class CapturePlan:
 
     def fallback(self, size: int) -> int | None:
         """The smallest captured size holding ``size`` rows; None: none is (eager)."""
-        i = bisect.bisect_left(self.captured_sizes, size)
-        return self.captured_sizes[i] if i < len(self.captured_sizes) else None
+        captured = list(self.captured_sizes)         # a snapshot, as in _records
+        i = bisect.bisect_left(captured, size)
+        return captured[i] if i < len(captured) else None
 
     def pending(self) -> list[int]:
         """Sizes neither captured nor turned away, largest first."""
