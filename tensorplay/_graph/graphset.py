@@ -398,7 +398,7 @@ class GraphSet(Generic[R]):
         me = threading.get_ident()
         here = [c.sentence() for c in open_captures() if c.thread_id == me]
         if here or foreign_capture_on_this_thread():
-            what = " ".join(here) or "a PyTorch or CuPy capture is open on this thread."
+            what = "; ".join(here) + "." if here else "a PyTorch or CuPy capture is open on this thread."
             raise RuntimeError(f"GraphSet: size {size} is not captured yet, and a capture cannot begin inside "
                                f"another one on this thread: {what} Capture the size before (call it once, or "
                                f"capture_all()) and replay it inside.")
