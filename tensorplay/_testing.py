@@ -27,6 +27,9 @@ move without the tests reaching into it.
 - ``warn_user(message, category)``, ``call_site()``: a warning attributed to
   the nearest frame outside tensorplay, and that frame as ``file:line
   (function)`` (tensorplay._frames).
+- ``CapturePlan``: a ``GraphSet``'s bookkeeping of which sizes it captured,
+  its memory budget and estimates, its per-size report and capture lock,
+  driven by any capture function (tensorplay._graph.graphset_plan).
 """
 
 from tensorplay._frames import call_site, warn_user
@@ -34,12 +37,13 @@ from tensorplay._driver.context import bound_device
 from tensorplay._driver.pinned import PinnedMemory, free_pending_pinned, pinned_memory_of, pinned_memory_stats
 from tensorplay._driver.teardown import (call_as_driver_thread, defer_call, deferred_teardown_count, drop_later,
                                          run_deferred_teardown, set_foreign_capture_probe, teardown_waits)
+from tensorplay._graph.graphset_plan import CapturePlan
 from tensorplay._graph.stager import staged_builds
 from tensorplay._memory.allocator import DeviceAllocator, make_sleepable, note_capture_use
 from tensorplay._memory.testing import FakeBackend
 from tensorplay.cuda import CUDAGraph
 
-__all__ = ["DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "call_as_driver_thread", "call_site",
+__all__ = ["CapturePlan", "DeviceAllocator", "FakeBackend", "PinnedMemory", "bound_device", "call_as_driver_thread", "call_site",
            "defer_call",
            "deferred_teardown_count", "drop_later", "free_pending_pinned", "make_sleepable", "note_capture_use",
            "pinned_memory_of", "pinned_memory_stats", "rebind_patch_calls", "run_deferred_teardown",

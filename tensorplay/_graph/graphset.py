@@ -10,7 +10,8 @@ memory: a call's results are valid until the next call); stage a request
 into the rows of one set of static inputs shared by every size; run eagerly
 beyond the largest size. The pool is sleepable by default, so the whole set
 can give its memory back (``sleep``) and take it again (``wake``) without a
-capture.
+capture. Sizes can also be captured on their first call (``capture=``), and
+a memory budget can stop the set capturing more (``graphset_plan``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import gc
 import importlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
@@ -27,14 +29,18 @@ from typing import Any, Generic, TypeVar
 from tensorplay._frames import warn_user
 from tensorplay._driver.context import current_device
 from tensorplay._memory import vmm
+from tensorplay._memory.allocator import PoolAsleepError
 from tensorplay._memory.api import allocator
 from tensorplay._tensor.creation import empty
 from tensorplay._tensor.base import ForeignStorage
 from tensorplay._tensor.tensor import Tensor, new_cuda
-from tensorplay._graph.foreign import graph_tensor, is_foreign_tensor, release_foreign_memory
+from tensorplay._graph.foreign import (foreign_capture_on_this_thread, graph_tensor, is_foreign_tensor,
+                                      release_foreign_memory)
 from tensorplay._graph.graphs import CUDAGraph, pool_id_of, capture_callable
+from tensorplay._graph.graphset_plan import CaptureMode, CapturePlan, check_capture_mode, check_memory_budget
 from tensorplay._graph.pools import GraphPool
-from tensorplay.types import PoolLike
+from tensorplay._graph.registry import open_captures
+from tensorplay.types import CaptureErrorMode, PoolLike
 
 __all__ = ["GraphSet"]
 
@@ -110,7 +116,7 @@ def _progress(total: int, enabled: bool | None) -> Any:
 class _Entry:
     """The graph of one size and its outputs."""
 
-    __slots__ = ("size", "graph", "outputs", "batched", "memory", "seconds")
+    __slots__ = ("size", "graph", "outputs", "batched", "memory", "seconds", "nodes")
 
     def __init__(self, size: int, graph: CUDAGraph, outputs: Any, memory: int, seconds: float) -> None:
         self.size = size
@@ -118,6 +124,7 @@ class _Entry:
         self.outputs = outputs
         self.memory = memory
         self.seconds = seconds
+        self.nodes: int | None = None            # counted when a report first asks (describe() costs)
         flat = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
         # which outputs carry the batch: cut to the request's rows on return
         self.batched = tuple(len(o.shape) > 0 and o.shape[0] == size for o in flat)
@@ -147,7 +154,38 @@ class GraphSet(Generic[R]):
     Capture shows a tqdm bar when tqdm is installed and stderr is a
     terminal, and logs a line per size to the ``tensorplay.graphset`` logger;
     the garbage collector does not run during the captures.
-    ``memory_added`` and ``capture_seconds`` say what each size cost.
+    ``memory_added``, ``capture_seconds`` and :meth:`memory_report` say what
+    each size cost.
+
+    **Capturing when needed.** ``capture="largest"`` captures only the
+    largest size at construction and each other size on its first call
+    (staged first, then captured, then replayed), into the same pool, so
+    each later, smaller capture reuses the blocks the largest one freed, as
+    the largest-first order does. ``capture="on_demand"`` captures nothing
+    up front: a size captured after smaller ones cannot fit its larger
+    blocks into the memory they freed, so each new largest size can grow
+    the pool by its own needs, where largest first pays the largest one's
+    alone (``benchmarks/first_call_time.py`` measures both).
+    :meth:`capture_all` captures the sizes still waiting, largest first.
+    Captures made after construction use ``capture_error_mode="thread_local"``
+    (other threads may allocate and synchronize meanwhile) and run one at a
+    time under a lock; replays of captured sizes do not take it. A size
+    first called while a capture is open on the calling thread raises
+    RuntimeError (capture it before). A capture on a call runs ``fn`` on the
+    call's own rows; where it warms up (the set's first capture, or a retry
+    after a failed one) ``fn`` runs once more eagerly on that same input.
+
+    **Memory budget.** With ``memory_budget`` (bytes), a size is captured
+    only while the pool growth of the set's captures, plus that size's
+    estimate, stays within it. The estimate extrapolates from the sizes
+    captured: below a captured size, the most such a capture has added so
+    far; above them all, the growth per row between the last two sizes that
+    were each the largest when captured (none with only one: the size is
+    captured while the set is under its budget). A size turned away runs
+    the graph of the next larger captured size (padded), or eagerly where
+    there is none; a RuntimeWarning says so the first time. The budget
+    counts what captures measured: an estimate that was too low can pass it
+    by that one capture.
 
     Parameters
     ----------
@@ -165,7 +203,7 @@ class GraphSet(Generic[R]):
         (a plain pool where the device lacks virtual memory management).
         Sets sharing one pool must be called one at a time.
     warmup : int, optional
-        Eager runs of ``fn`` before the first (largest) capture (default 1),
+        Eager runs of ``fn`` before the set's first capture (default 1),
         so libraries initialise (cuBLAS handles, compiled kernels). A later
         size whose capture fails is warmed up once and captured again.
     pad_value : number, optional
@@ -176,14 +214,22 @@ class GraphSet(Generic[R]):
         (default True; False keeps every size's outputs apart).
     progress : bool, optional
         False hides the progress bar.
+    capture : {"all", "largest", "on_demand"}, optional
+        Which sizes are captured at construction: all of them (default),
+        only the largest, or none; the others on their first call.
+    memory_budget : int, optional
+        Bytes the set's captures may add to the pool; None (default): no limit.
     """
 
     def __init__(self, fn: Callable[..., R], sample_args: Sequence[Any], sizes: Iterable[int], *,
                  pool: GraphPool | PoolLike = None, warmup: int = 1, pad_value: float | int | None = None,
-                 share_outputs: bool = True, progress: bool | None = None) -> None:
+                 share_outputs: bool = True, progress: bool | None = None, capture: CaptureMode = "all",
+                 memory_budget: int | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"GraphSet: {fn!r} is not callable")
         self._fn = fn
+        self._capture_mode = check_capture_mode(capture)
+        self._budget = check_memory_budget(memory_budget)
         self.sizes: tuple[int, ...] = self._check_sizes(sizes)
         self._samples = self._check_samples(sample_args)
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -205,11 +251,24 @@ class GraphSet(Generic[R]):
         self._device = device
         self._statics = [self._static_for(s) for s in self._samples]
         self._entries: dict[int, _Entry] = {}
+        self._plan = CapturePlan(self.sizes, self._budget)
+        self._warmup = warmup
+        self._progress = progress
+        # global at construction; thread_local once the set is in use (other threads may then
+        # allocate or synchronize while a size is captured on a call)
+        self._mode: CaptureErrorMode = "global"
         self._eager_warned = False
         self._closed = False
-        self._capture_all(warmup, progress)
+        self._seconds = 0.0
         # a request of n rows runs the graph of sizes[bisect_left(sizes, n)]
         self._size_list = list(self.sizes)
+        up_front = {"all": self.sizes, "largest": self.sizes[-1:], "on_demand": ()}[self._capture_mode]
+        try:
+            self._capture_sizes(sorted(up_front, reverse=True))
+        except BaseException:
+            self.reset()
+            raise
+        self._mode = "thread_local"
 
     # ------------------------------------------------------------ construction
 
@@ -274,50 +333,75 @@ class GraphSet(Generic[R]):
             total += torch.cuda.memory_reserved(self._device)
         return total
 
-    def _capture_all(self, warmup: int, progress: bool | None) -> None:
-        order = sorted(self.sizes, reverse=True)      # largest first: the smaller reuse its blocks
-        bar = _progress(len(order), progress)
+    def _capture_sizes(self, order: Sequence[int]) -> list[int]:
+        """Capture ``order``'s sizes in that order, each unless the budget turns
+        it away; returns those captured now."""
+        done: list[int] = []
+        if not order:
+            return done
+        bar = _progress(len(order), self._progress)
         gc_was_enabled = gc.isenabled()
         # no collection during the captures (torch.cuda.graph runs one per capture,
         # which is what made servers' captures slow), nor a full one before them
         gc.disable()
-        t0 = time.perf_counter()
         try:
             for i, size in enumerate(order):
-                self._capture_one(size, warmup if i == 0 else 0)
-                e = self._entries[size]
-                _log.info("GraphSet: captured size %d (%d of %d) in %.1f ms, +%d bytes", size, i + 1,
-                          len(order), e.seconds * 1e3, e.memory)
+                was = size in self._entries
+                _, warning = self._plan.ensure(size, self._capture_one)
+                if warning is not None:
+                    warn_user(warning, RuntimeWarning)
+                if not was and size in self._entries:
+                    done.append(size)
+                    e = self._entries[size]
+                    _log.info("GraphSet: captured size %d (%d of %d) in %.1f ms, +%d bytes", size, i + 1,
+                              len(order), e.seconds * 1e3, e.memory)
                 if bar is not None:
                     bar.update(1)
-        except BaseException:
-            self.reset()
-            raise
         finally:
             if bar is not None:
                 bar.close()
             if gc_was_enabled:
                 gc.enable()
-        self.capture_seconds_total = time.perf_counter() - t0
+        return done
 
-    def _capture_one(self, size: int, warmup: int) -> None:
+    def _capture_one(self, size: int) -> tuple[int, float]:
+        """Capture ``size`` (the plan holds the lock): (bytes the pool grew, seconds)."""
+        if self._mode != "global":                # a call or capture_all(), not the constructor
+            self._check_can_capture(size)
+        warmup = self._warmup if not self._entries else 0   # the set's first capture warms up
         args = [st[:size] for st in self._statics]
         name = getattr(self._fn, "__name__", "fn")
         before = self._footprint()
         t0 = time.perf_counter()
         try:
-            g, out = capture_callable(self._fn, args, warmup=warmup, pool=self._pool_id, where=name)
-        except RuntimeError:
-            if warmup:
+            g, out = capture_callable(self._fn, args, warmup=warmup, pool=self._pool_id, where=name,
+                                      capture_error_mode=self._mode)
+        except RuntimeError as exc:
+            if warmup or isinstance(exc, PoolAsleepError):
                 raise
             # something initialises lazily for this shape (a compiled kernel, a
             # workspace): warm this size up once and capture again
-            g, out = capture_callable(self._fn, args, warmup=1, pool=self._pool_id, where=name)
+            g, out = capture_callable(self._fn, args, warmup=1, pool=self._pool_id, where=name,
+                                      capture_error_mode=self._mode)
         seconds = time.perf_counter() - t0
         memory = self._footprint() - before
         if self._share:
             out = type(out)(_borrowed(o) for o in out) if isinstance(out, (tuple, list)) else _borrowed(out)
         self._entries[size] = _Entry(size, g, out, memory, seconds)
+        self._seconds += seconds
+        return memory, seconds
+
+    def _check_can_capture(self, size: int) -> None:
+        if self.asleep:
+            raise PoolAsleepError(f"GraphSet: size {size} is not captured yet and the set's pool is asleep; "
+                                  f"wake() it first")
+        me = threading.get_ident()
+        here = [c.sentence() for c in open_captures() if c.thread_id == me]
+        if here or foreign_capture_on_this_thread():
+            what = "; ".join(here) + "." if here else "a PyTorch or CuPy capture is open on this thread."
+            raise RuntimeError(f"GraphSet: size {size} is not captured yet, and a capture cannot begin inside "
+                               f"another one on this thread: {what} Capture the size before (call it once, or "
+                               f"capture_all()) and replay it inside.")
 
     # ------------------------------------------------------------ calls
 
@@ -332,11 +416,39 @@ class GraphSet(Generic[R]):
         if rows == 0 or rows > self.max_size:
             return self._eager(args, rows)
         size = self._size_list[bisect.bisect_left(self._size_list, rows)]
-        entry = self._entries[size]
+        entry = self._entries.get(size)
+        if entry is None:
+            return self._call_uncaptured(args, rows, size)
         for static, a in zip(statics, args):
             static[:rows] = a
             if self._pad_value is not None and rows < size:
                 static[rows:size] = self._pad_value
+        entry.graph.replay()
+        return self._cut(entry, rows)
+
+    def _call_uncaptured(self, args: Sequence[Any], rows: int, size: int) -> R:
+        """A call whose size has no graph: capture it (budget permitting) and
+        replay, or replay the next larger captured size, or run eagerly."""
+        if self.asleep and size not in self._plan.refused:
+            self._check_can_capture(size)            # raises PoolAsleepError
+        # staged before the capture, so that a warm-up runs fn on this call's rows
+        for static, a in zip(self._statics, args):
+            static[:rows] = a
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            run, warning = self._plan.ensure(size, self._capture_one)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        if warning is not None:
+            warn_user(warning, RuntimeWarning)
+        if run is None:
+            return self._fn(*args)
+        entry = self._entries[run]
+        if self._pad_value is not None and rows < run:
+            for static in self._statics:
+                static[rows:run] = self._pad_value
         entry.graph.replay()
         return self._cut(entry, rows)
 
@@ -373,10 +485,42 @@ class GraphSet(Generic[R]):
         return out[:rows] if entry.batched[0] else out
 
     def size_for(self, rows: int) -> int | None:
-        """The captured size a call with ``rows`` rows runs (None: eagerly)."""
+        """The size whose graph a call with ``rows`` rows replays (None:
+        eagerly). A size not captured yet counts as its own when its first
+        call would capture it, else the next larger captured size."""
         if rows <= 0 or rows > self.max_size:
             return None
-        return self._size_list[bisect.bisect_left(self._size_list, rows)]
+        size = self._size_list[bisect.bisect_left(self._size_list, rows)]
+        return size if size in self._entries else self._plan.runs(size)
+
+    def capture_all(self) -> list[int]:
+        """Capture every size not captured yet, largest first, into the pool
+        (sizes the budget turns away stay uncaptured); returns the sizes
+        captured now, largest first. Replays of captured sizes may run in
+        other threads meanwhile."""
+        if self._closed:
+            raise RuntimeError("GraphSet: the set was reset; make a new one")
+        return self._capture_sizes(self._plan.pending())
+
+    def memory_report(self) -> list[dict[str, Any]]:
+        """One row per size, smallest first::
+
+            {"size": int,
+             "state": "captured" | "pending" (waits for its first call) | "over budget",
+             "bytes": bytes the pool grew while capturing it (None: not captured),
+             "estimate": bytes estimated before its capture, or now for a pending size
+                         (None: nothing to extrapolate from),
+             "nodes": top-level nodes of its graph, "capture_ms": its warm-up and capture,
+             "order": 0 for the set's first capture, 1 for the next...,
+             "runs": the size whose graph its calls replay now (None: eagerly)}
+
+        The rows' ``bytes`` add up to the pool growth the memory budget counts."""
+        def nodes_of(size: int) -> int:
+            e = self._entries[size]
+            if e.nodes is None:
+                e.nodes = len(e.graph.describe()["nodes"])
+            return e.nodes
+        return self._plan.report(nodes_of)
 
     # ------------------------------------------------------------ memory and state
 
@@ -394,6 +538,21 @@ class GraphSet(Generic[R]):
     def capture_seconds(self) -> dict[int, float]:
         """Seconds each size's warm-up and capture took."""
         return {s: e.seconds for s, e in sorted(self._entries.items())}
+
+    @property
+    def capture_mode(self) -> CaptureMode:
+        """``"all"``, ``"largest"`` or ``"on_demand"``: what the constructor captured."""
+        return self._capture_mode
+
+    @property
+    def memory_budget(self) -> int | None:
+        """Bytes the set's captures may add to the pool (None: no limit)."""
+        return self._budget
+
+    @property
+    def capture_seconds_total(self) -> float:
+        """Seconds all captures so far took (warm-ups included)."""
+        return self._seconds
 
     @property
     def static_inputs(self) -> list[Any]:
@@ -427,6 +586,7 @@ class GraphSet(Generic[R]):
         workspaces from the captures are dropped). The set cannot be called
         afterwards."""
         entries, self._entries = self._entries, {}
+        self._plan.clear()
         for e in entries.values():
             e.outputs = None
             e.graph.reset()
@@ -436,5 +596,6 @@ class GraphSet(Generic[R]):
 
     def __repr__(self) -> str:
         sizes = self.sizes if len(self.sizes) <= 6 else (*self.sizes[:3], "...", *self.sizes[-2:])
-        return (f"<GraphSet of {getattr(self._fn, '__name__', 'fn')} sizes={sizes} pool={self._pool_id}"
+        captured = "" if len(self._entries) == len(self.sizes) else f" captured={len(self._entries)}"
+        return (f"<GraphSet of {getattr(self._fn, '__name__', 'fn')} sizes={sizes}{captured} pool={self._pool_id}"
                 f"{' asleep' if self.asleep else ''}>")

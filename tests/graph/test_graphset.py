@@ -5,6 +5,8 @@ eager fallback beyond the largest size, outputs shared between sizes, two
 sets sharing a pool, sleep/wake cycles with values and memory checked, and
 the errors. The validation that needs no GPU is test_graphset_cpu.py's."""
 import gc
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -15,6 +17,7 @@ from tensorplay._memory import vmm
 from tensorplay.cuda import GraphPool, GraphSet, PoolAsleepError
 
 from helpers import torch_cuda as torch  # noqa: F401 (a fixture)
+from helpers import warm
 
 pytestmark = pytest.mark.cuda
 MiB = 1 << 20
@@ -221,3 +224,234 @@ def test_memory_parity_with_pytorch_when_nothing_sleeps(torch):
     theirs = before - settled_free(torch)
     assert ours <= theirs, (ours >> 20, theirs >> 20)
     del gs
+
+
+# ---------------------------------------------------------------- sizes captured when needed (issue 44)
+
+def rows_of(rng, n, width=1000):
+    a = rng.standard_normal((n, width), dtype=np.float32)
+    b = rng.standard_normal((n, width), dtype=np.float32)
+    return a, b
+
+
+@pytest.mark.parametrize("mode", ["largest", "on_demand"])
+def test_a_lazy_set_gives_numpys_values_in_a_random_order_and_captures_only_what_is_called(mode):
+    rng = np.random.default_rng(44)
+    sample = tp.tensor(rng.standard_normal((3, 1000), dtype=np.float32), device="cuda")
+    gs = GraphSet(tp_step, [sample, sample], SIZES, capture=mode, progress=False)
+    assert sorted(gs.graphs) == ([32] if mode == "largest" else [])
+    called = [int(n) for n in rng.permutation(np.arange(1, 33))[:9]]
+    expected = {32} if mode == "largest" else set()
+    for n in called:
+        a, b = rows_of(rng, n)
+        s, d = gs(tp.tensor(a, device="cuda"), tp.tensor(b, device="cuda"))
+        expected.add(min(x for x in SIZES if x >= n))
+        assert sorted(gs.graphs) == sorted(expected), f"after {n} rows"
+        np.testing.assert_allclose(s.cpu().numpy(), a * 2 + b, rtol=1e-6, err_msg=f"{n} rows")
+        np.testing.assert_allclose(d.cpu().numpy(), a - b, rtol=1e-6, err_msg=f"{n} rows")
+    report = {r["size"]: r for r in gs.memory_report()}
+    assert list(report) == SIZES
+    assert {s for s, r in report.items() if r["state"] == "captured"} == expected
+    assert {s for s, r in report.items() if r["state"] == "pending"} == set(SIZES) - expected
+    # captured in the order first called (after the largest in "largest" mode)
+    first_calls = ([32] if mode == "largest" else []) + [min(x for x in SIZES if x >= n) for n in called]
+    assert sorted(expected, key=lambda s: report[s]["order"]) == list(dict.fromkeys(first_calls))
+    left = sorted(set(SIZES) - expected, reverse=True)
+    assert gs.capture_all() == left                   # the rest, largest first
+    assert sorted(gs.graphs) == SIZES and gs.capture_all() == []
+    for n in range(1, 33):
+        a, b = rows_of(rng, n)
+        s, d = gs(tp.tensor(a, device="cuda"), tp.tensor(b, device="cuda"))
+        np.testing.assert_allclose(s.cpu().numpy(), a * 2 + b, rtol=1e-6, err_msg=f"{n} rows, all captured")
+
+
+def test_a_lazy_pytorch_set_matches_the_eager_set_and_eager_pytorch(torch):
+    step = mlp(torch, seed=4)
+    sizes = [1, 2, 4, 8, 16, 24, 32, 64]
+    sample = torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16)
+    eager = GraphSet(step, [sample], sizes, progress=False)
+    lazy = GraphSet(step, [sample], sizes, capture="on_demand", progress=False)
+    rng = np.random.default_rng(7)
+    called = [int(n) for n in rng.permutation(np.arange(1, 65))[:6]]
+    for n in called:
+        x = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
+        want = step(x)
+        got = lazy(x).clone()
+        assert close(torch, got, want), f"{n} rows"
+        assert close(torch, eager(x), got), f"{n} rows"
+    assert set(lazy.graphs) == {min(s for s in sizes if s >= n) for n in called}
+    lazy.capture_all()
+    assert sorted(lazy.graphs) == sizes
+
+
+@pytest.mark.parametrize("mode", ["all", "on_demand"])
+def test_the_memory_report_adds_up_to_the_pools_growth(torch, mode):
+    if not vmm.supported(0):
+        pytest.skip("the pool's mapped bytes need a sleepable pool")
+    step = mlp(torch, width=2048, seed=6)
+    sizes = [1, 8, 64, 256]
+    gs = GraphSet(step, [torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)], sizes, capture=mode,
+                  progress=False)
+    for n in (3, 200, 1):                                     # on demand: 8, 256, then 1
+        gs(torch.randn(n, 2048, device="cuda", dtype=torch.bfloat16))
+    report = {r["size"]: r for r in gs.memory_report()}
+    captured = [r for r in report.values() if r["state"] == "captured"]
+    assert {r["size"] for r in captured} == (set(sizes) if mode == "all" else {1, 8, 256})
+    for r in captured:
+        assert r["nodes"] > 0 and r["capture_ms"] > 0 and r["bytes"] >= 0 and r["runs"] == r["size"], r
+        assert r["bytes"] == gs.memory_added[r["size"]]
+    first = min(captured, key=lambda r: r["order"])
+    assert first["bytes"] > 0 and first["size"] == (256 if mode == "all" else 8)
+    mapped = gs.pool.memory()["mapped"]                       # the set's own new pool: it started empty
+    assert abs(sum(r["bytes"] for r in captured) - mapped) <= MiB, (sum(r["bytes"] for r in captured), mapped)
+    if mode == "on_demand":
+        assert report[64]["state"] == "pending" and report[64]["bytes"] is None and report[64]["runs"] == 64
+
+
+def test_a_memory_budget_stops_capturing_and_falls_back_with_one_warning(torch):
+    step = mlp(torch, seed=8)
+    sizes = [1, 4, 16, 64]
+    sample = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    # one byte: the largest size is captured (no estimate yet, nothing added), then nothing more
+    gs = GraphSet(step, [sample], sizes, capture="largest", memory_budget=1, progress=False)
+    assert sorted(gs.graphs) == [64] and gs.memory_added[64] > 1
+    x = torch.randn(3, 1024, device="cuda", dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match=r"size 4 is not captured: .*memory_budget of 1 B; calls of up to 4 "
+                                            r"rows run the graph of size 64 \(padded\)") as caught:
+        got = gs(x)
+    assert [w.filename for w in caught] == [__file__]
+    assert close(torch, got, step(x)) and tuple(got.shape) == (3, 1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                        # said once: size 1 is turned away silently
+        for n in (1, 2, 16, 40):
+            x = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
+            assert close(torch, gs(x), step(x)), f"{n} rows"
+        assert gs.capture_all() == []
+    assert sorted(gs.graphs) == [64] and gs.size_for(2) == 64
+    states = {r["size"]: (r["state"], r["runs"]) for r in gs.memory_report()}
+    assert states == {1: ("over budget", 64), 4: ("over budget", 64), 16: ("over budget", 64), 64: ("captured", 64)}
+
+
+def test_a_budget_with_nothing_larger_captured_runs_eagerly(torch):
+    step = mlp(torch, seed=9)
+    sample = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    gs = GraphSet(step, [sample], [2, 8, 32], capture="on_demand", memory_budget=1, progress=False)
+    x = torch.randn(7, 1024, device="cuda", dtype=torch.bfloat16)
+    assert close(torch, gs(x), step(x)) and sorted(gs.graphs) == [8]
+    x = torch.randn(20, 1024, device="cuda", dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="calls of up to 32 rows run eagerly"):
+        got = gs(x)
+    assert close(torch, got, step(x)) and sorted(gs.graphs) == [8] and gs.size_for(20) is None
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    assert close(torch, gs(x), step(x)) and gs.size_for(1) == 8      # padded into 8's graph
+
+
+def test_an_eager_set_with_a_budget_warns_at_construction(torch):
+    step = mlp(torch, seed=10)
+    sample = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="size 16 is not captured") as caught:
+        gs = GraphSet(step, [sample], [1, 16, 64], memory_budget=1, progress=False)
+    assert [w.filename for w in caught] == [__file__]
+    assert sorted(gs.graphs) == [64]
+    x = torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16)
+    assert close(torch, gs(x), step(x))
+
+
+def test_sleep_and_wake_with_a_lazy_set(torch):
+    step = mlp(torch, seed=11)
+    gs = GraphSet(step, [torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)], [1, 4, 16, 64],
+                  capture="largest", progress=False)
+    x4 = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    x16 = torch.randn(13, 1024, device="cuda", dtype=torch.bfloat16)
+    assert close(torch, gs(x4), step(x4))
+    mapped = gs.pool.memory()["mapped"]
+    assert gs.sleep() == mapped
+    with pytest.raises(PoolAsleepError, match="size 16 is not captured yet and the set's pool is asleep"):
+        gs(x16)
+    with pytest.raises(PoolAsleepError):
+        gs(x4)
+    with pytest.raises(PoolAsleepError):
+        gs.capture_all()
+    assert sorted(gs.graphs) == [4, 64]
+    assert gs.wake() == mapped
+    assert close(torch, gs(x16), step(x16)) and sorted(gs.graphs) == [4, 16, 64]   # captured after waking
+    assert close(torch, gs(x4), step(x4))
+    gs.sleep()
+    gs.wake()
+    gs.capture_all()
+    for n in (1, 4, 13, 64):
+        x = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
+        assert close(torch, gs(x), step(x)), f"{n} rows"
+
+
+def test_a_lazy_capture_inside_another_capture_is_refused():
+    x = tp.ones((4, 64), device="cuda")
+    gs = GraphSet(tp_step, [x, x], [1, 4, 8], capture="largest", progress=False)
+    g = tp.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="size 4 is not captured yet, and a capture cannot begin inside another "
+                                           "one on this thread: CUDAGraph at .* is capturing"):
+        with tp.cuda.graph(g):
+            gs(x, x)
+    assert sorted(gs.graphs) == [8]
+    s, d = gs(x * 3.0, x)                          # outside: captured now
+    assert sorted(gs.graphs) == [4, 8]
+    np.testing.assert_array_equal(s.cpu().numpy(), 7.0)
+    np.testing.assert_array_equal(d.cpu().numpy(), 2.0)
+
+
+def test_a_size_first_called_while_another_thread_replays_and_reads():
+    """The other thread replays a captured size, runs eager work and reads
+    the host on its own stream while this thread's first calls capture new
+    sizes (thread_local captures: its reads do not break them). The new
+    sizes' values are checked once it stops: outputs of one pool are shared
+    between sizes, so its replays overwrite them meanwhile."""
+    rng = np.random.default_rng(45)
+    width = 256
+    rounds, during, errors = [0], [], []
+    stop, running = threading.Event(), threading.Event()
+
+    def step(x, y):
+        if running.is_set() and tp.cuda.is_current_stream_capturing():
+            # wait inside the capture for two of the other thread's rounds
+            start, deadline = rounds[0], time.monotonic() + 10
+            while rounds[0] < start + 2 and time.monotonic() < deadline and not errors:
+                time.sleep(0.001)
+            during.append(rounds[0] - start)
+        return x * 2.0 + y, x - y
+    sample = tp.tensor(rng.standard_normal((3, width), dtype=np.float32), device="cuda")
+    gs = GraphSet(step, [sample, sample], SIZES, capture="largest", progress=False)
+    a_host = rng.standard_normal((64, width), dtype=np.float32)
+    a_dev = tp.tensor(a_host, device="cuda")
+    warm(lambda: a_dev * 3.0)
+    g32 = gs.graphs[32]
+    tp.cuda.synchronize()                              # the other thread's stream does not wait for this one
+
+    def other():
+        try:
+            with tp.cuda.stream(tp.cuda.Stream()):
+                while not stop.is_set():
+                    g32.replay()
+                    y = a_dev * 3.0
+                    np.testing.assert_allclose(y.cpu().numpy(), a_host * 3, rtol=1e-6)
+                    rounds[0] += 1
+        except BaseException as e:
+            errors.append(e)
+    t = threading.Thread(target=other)
+    t.start()
+    running.set()
+    try:
+        for n in (3, 1, 16, 2, 7):                      # sizes 4, 1, 16, 2, 8: each captured here
+            a, b = rows_of(rng, n, width)
+            gs(tp.tensor(a, device="cuda"), tp.tensor(b, device="cuda"))
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert len(during) == 5 and min(during) >= 2, during     # the other thread ran inside every capture
+    assert sorted(gs.graphs) == SIZES
+    tp.cuda.synchronize()
+    for n in range(1, 33):
+        a, b = rows_of(rng, n, width)
+        s, d = gs(tp.tensor(a, device="cuda"), tp.tensor(b, device="cuda"))
+        np.testing.assert_allclose(s.cpu().numpy(), a * 2 + b, rtol=1e-6, err_msg=f"{n} rows")
+        np.testing.assert_allclose(d.cpu().numpy(), a - b, rtol=1e-6, err_msg=f"{n} rows")
