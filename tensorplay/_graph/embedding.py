@@ -16,7 +16,7 @@ from tensorplay._driver.context import CudaError, current_device
 from tensorplay._driver.stream import ExternalStream, current_stream, stream_of
 from tensorplay._graph.foreign import foreign_capture_stream
 from tensorplay._graph.children import embed_graph
-from tensorplay._graph.replay import ReplayBase
+from tensorplay._graph.capture import CUDAGraphBase
 from tensorplay._graph.streams import is_stream_capturing
 
 __all__ = ["embed"]
@@ -102,7 +102,7 @@ def embed(graph: Any, stream: Any = None, *, owner: Any = None) -> None:
     replay of the outer graph. Do not ``reset()`` the PyTorch graph while
     the outer graph may replay: reset gives its memory pool back.
     """
-    if isinstance(graph, ReplayBase):
+    if isinstance(graph, CUDAGraphBase):
         device = graph.device_index if graph.device_index >= 0 else current_device()
         graph.replay(_capture_stream(stream, device))
         return
