@@ -74,6 +74,27 @@ def warm(f, *args):
     return r
 
 
+def counted_loop(body, iterations, after=None):
+    """(graph, counter, limit): a graph running ``body()`` in a WHILE node
+    while the counter is below the limit (a device int32, first
+    ``iterations``), then ``after(counter)``."""
+    c = tp.zeros(1, dtype=tp.int32, device="cuda")
+    lim = tp.full((1,), iterations, dtype=tp.int32, device="cuda")
+    p = tp.zeros(1, dtype=tp.bool, device="cuda")
+    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        c.zero_()
+        tp.lt(c, lim, out=p)
+        with g.while_(p):
+            body()
+            c.add_(1)
+            tp.lt(c, lim, out=p)
+        if after is not None:
+            after(c)
+    return g, c, lim
+
+
 def graph_objects():
     """(graphs, executables) the driver holds for tensorplay now."""
     live = tp.cuda.live_driver_objects()

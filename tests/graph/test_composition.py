@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorplay as tp
-from helpers import slow_writer, warm
+from helpers import counted_loop, slow_writer, warm
 from tensorplay._testing import run_deferred_teardown
 from tensorplay.cuda import CUDAGraph
 
@@ -30,27 +30,6 @@ def _step_graph(x, scale=2.0):
     return g
 
 
-def _counted_loop(body, iterations, after=None):
-    """(graph, counter, limit): a graph running ``body()`` in a WHILE node
-    while the counter is below the limit (a device int32, first
-    ``iterations``), then ``after(counter)``."""
-    c = tp.zeros(1, dtype=tp.int32, device="cuda")
-    lim = tp.full((1,), iterations, dtype=tp.int32, device="cuda")
-    p = tp.zeros(1, dtype=tp.bool, device="cuda")
-    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
-    g = CUDAGraph()
-    with tp.cuda.graph(g):
-        c.zero_()
-        tp.lt(c, lim, out=p)
-        with g.while_(p):
-            body()
-            c.add_(1)
-            tp.lt(c, lim, out=p)
-        if after is not None:
-            after(c)
-    return g, c, lim
-
-
 def _expected(start, steps, scale=2.0):
     v = np.float32(start)
     for _ in range(steps):
@@ -61,7 +40,7 @@ def _expected(start, steps, scale=2.0):
 def test_a_child_in_a_while_body_runs_each_iteration():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
-    parent, c, _ = _counted_loop(child.replay, 5)
+    parent, c, _ = counted_loop(child.replay, 5)
     x.zero_()
     parent.replay()
     assert np.unique(x.numpy()).tolist() == [_expected(0, 5)]
@@ -73,7 +52,7 @@ def test_a_child_in_a_while_body_runs_each_iteration():
 def test_the_same_child_in_two_parents_and_a_child_of_a_child():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
-    p1, _, _ = _counted_loop(child.replay, 3)
+    p1, _, _ = counted_loop(child.replay, 3)
     p2 = CUDAGraph()
     with tp.cuda.graph(p2):
         child.replay()
@@ -106,7 +85,7 @@ def test_the_parent_keeps_the_childs_memory_after_the_child_is_dropped():
     x = tp.zeros(N, device="cuda")
     child = _step_graph(x)
     pool = child.pool_id
-    parent, _, _ = _counted_loop(child.replay, 2)
+    parent, _, _ = counted_loop(child.replay, 2)
     del child
     gc.collect()
     before = tp.cuda.memory_allocated()
@@ -132,7 +111,7 @@ def test_the_parent_keeps_the_childs_memory_after_the_child_is_dropped():
 
 def test_refusals_leave_the_capture_usable():
     x = tp.zeros(N, device="cuda")
-    looped, _, _ = _counted_loop(_step_graph(x).replay, 2)
+    looped, _, _ = counted_loop(_step_graph(x).replay, 2)
     shared_pool = tp.cuda.graph_pool_handle()
     same_pool = CUDAGraph()
     warm(lambda: x.add_(1.0))
@@ -218,7 +197,7 @@ def test_rebind_and_stage_reach_into_a_child():
     parent = CUDAGraph()
     with tp.cuda.graph(parent):
         child.replay()
-    looped, _, _ = _counted_loop(child.replay, 2)                   # the child inside a WHILE body
+    looped, _, _ = counted_loop(child.replay, 2)                   # the child inside a WHILE body
     for g in (parent, looped):
         assert g.rebindable([static], [out]) == [True, True]       # patched inside the child
         for v in (3.0, 4.0):
@@ -267,7 +246,7 @@ def test_a_host_function_reads_a_while_loops_progress_from_pinned_memory():
     def report(counter):
         progress.copy_(counter)                # device to pinned memory, in stream order
         tp.cuda.launch_host_func(lambda: reports.append(int(progress.numpy()[0])))
-    g, _, lim = _counted_loop(lambda: None, 0, after=report)
+    g, _, lim = counted_loop(lambda: None, 0, after=report)
     for n in (3, 7, 1):
         lim.fill_(n)
         g.replay()

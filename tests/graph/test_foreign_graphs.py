@@ -23,7 +23,7 @@ import tensorplay as tp
 from tensorplay._testing import run_deferred_teardown
 from tensorplay.cuda import CUDAGraph
 
-from helpers import capture_construct, torch_cuda as torch, warm  # noqa: F401 (a fixture)
+from helpers import capture_construct, counted_loop, torch_cuda as torch, warm  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.cuda
 N = 1 << 20                     # 1M float32: 4 MiB
@@ -57,23 +57,6 @@ def _tp_step_graph(x):
     with tp.cuda.graph(g):
         x.copy_(x * 2.0 + 1.0)
     return g
-
-
-def _counted_loop(body, iterations):
-    """A tensorplay graph running ``body()`` in a WHILE node ``iterations`` times."""
-    c = tp.zeros(1, dtype=tp.int32, device="cuda")
-    lim = tp.full((1,), iterations, dtype=tp.int32, device="cuda")
-    p = tp.zeros(1, dtype=tp.bool, device="cuda")
-    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
-    g = CUDAGraph()
-    with tp.cuda.graph(g):
-        c.zero_()
-        tp.lt(c, lim, out=p)
-        with g.while_(p):
-            body()
-            c.add_(1)
-            tp.lt(c, lim, out=p)
-    return g, c
 
 
 def _values(torch, x):
@@ -124,7 +107,7 @@ def test_a_torch_graph_embedded_in_a_tensorplay_graph(torch):
 def test_a_torch_graph_in_a_while_body_runs_each_iteration(torch):
     x = torch.zeros(N, device="cuda")
     tg = _torch_step_graph(torch, x)
-    g, c = _counted_loop(lambda: tp.cuda.embed(tg), 5)
+    g, c, _ = counted_loop(lambda: tp.cuda.embed(tg), 5)
     x.zero_()
     g.replay()
     assert _values(torch, x) == [_expected(0, 5)] and c.item() == 5
@@ -136,7 +119,7 @@ def test_the_outer_graph_keeps_the_torch_graphs_memory(torch):
     x = torch.zeros(N, device="cuda")
     tg = _torch_step_graph(torch, x)
     ref = weakref.ref(tg)
-    g, _ = _counted_loop(lambda: tp.cuda.embed(tg), 3)
+    g, _, _ = counted_loop(lambda: tp.cuda.embed(tg), 3)
     del tg
     gc.collect()
     torch.cuda.empty_cache()
@@ -226,7 +209,7 @@ def test_a_tensorplay_graph_inside_torch_cuda_graph(torch):
 
 def test_a_graph_with_conditional_nodes_is_refused_inside_torch_cuda_graph(torch):
     x = tp.zeros(N, device="cuda")
-    looped, _ = _counted_loop(_tp_step_graph(x).replay, 2)
+    looped, _, _ = counted_loop(_tp_step_graph(x).replay, 2)
     xt = torch.from_dlpack(x)
     xt.add_(1.0)
     torch.cuda.synchronize()
