@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 from types import TracebackType
-from typing import Any
+from typing import Any, final
 
 def export_segment(address: int, device: int, handle_type: str) -> tuple[int | None, bytes | None, int]: ...
 def ipc_handle(address: int, device: int) -> bytes: ...
 def device_uuid(device: int) -> str: ...
 
+@final
 class MappedPeerMemory:
     @property
     def device(self) -> int: ...
