@@ -24,7 +24,8 @@ DISTRIBUTIONS = ("numpy", "ml_dtypes", "cuda-bindings", "cuda-pathfinder", "nvid
 # prints them, set or not. The one list: config(), show_config() and the docs
 # test (tests/api/test_show_config.py) take it from here.
 ENV_VARS = ("TENSORPLAY_CACHE_DIR", "XDG_CACHE_HOME", "TENSORPLAY_DISABLE_CUDA", "TENSORPLAY_PDL",
-            "TENSORPLAY_FOREIGN_CAPTURE", "TENSORPLAY_CUBLASLT_WORKSPACE_SIZE", "CUDA_VISIBLE_DEVICES")
+            "TENSORPLAY_FOREIGN_CAPTURE", "TENSORPLAY_CUBLASLT_WORKSPACE_SIZE", "CUDA_VISIBLE_DEVICES",
+            "CUDA_MODULE_LOADING")
 
 
 def _dist_version(name: str) -> str | None:
@@ -64,7 +65,8 @@ def config() -> dict[str, Any]:
     documentation names: ``TENSORPLAY_CACHE_DIR``, ``XDG_CACHE_HOME``,
     ``TENSORPLAY_DISABLE_CUDA``, ``TENSORPLAY_PDL``,
     ``TENSORPLAY_FOREIGN_CAPTURE``, ``TENSORPLAY_CUBLASLT_WORKSPACE_SIZE``,
-    ``CUDA_VISIBLE_DEVICES``; None when unset). Works without a GPU.
+    ``CUDA_VISIBLE_DEVICES``, ``CUDA_MODULE_LOADING``; None when unset).
+    Works without a GPU.
     """
     info: dict[str, Any] = {"tensorplay": __version__, "python": sys.version.split()[0],
                   "platform": platform.platform()}

@@ -116,7 +116,8 @@ def test_every_variable_the_package_reads_is_listed():
 def test_show_config_prints_each_variable_set_or_not(tmp_path):
     values = {"TENSORPLAY_CACHE_DIR": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
               "TENSORPLAY_DISABLE_CUDA": "1", "TENSORPLAY_PDL": "0", "TENSORPLAY_FOREIGN_CAPTURE": "off",
-              "TENSORPLAY_CUBLASLT_WORKSPACE_SIZE": "1024", "CUDA_VISIBLE_DEVICES": "1,0"}
+              "TENSORPLAY_CUBLASLT_WORKSPACE_SIZE": "1024", "CUDA_VISIBLE_DEVICES": "1,0",
+              "CUDA_MODULE_LOADING": "EAGER"}
     assert set(values) == set(ENV_VARS)
     out = run_python("import tensorplay as tp\ntp.show_config()", **values)
     assert out.returncode == 0, out.stderr
