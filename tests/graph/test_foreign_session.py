@@ -841,3 +841,73 @@ def test_a_session_over_both_fakes(fake_torch, fake_cupy, libraries):
     assert fake_torch.current_stream(0).cuda_stream == 0x77 and fake_cupy.current[0].ptr == 0x88
     assert [type(v) for v in keep.values()] == [foreign._PoolHold]
 
+
+
+class FakeRawCalls:
+    """PyTorch's raw calls (torch._C) that TorchLibrary uses when all exist:
+    routing by pool id, the current stream as a tuple, the device."""
+
+    def __init__(self, fake):
+        self.fake = fake
+        self.pool_uses = {}                  # pool id -> begun and not released
+
+    def install(self):
+        c = self.fake.module._C
+        for name in foreign.TorchLibrary._RAW_CALLS:
+            setattr(c, name, getattr(self, name))
+
+    def _cuda_beginAllocateCurrentThreadToPool(self, device, pool_id):
+        self.fake.log.append(("raw route", pool_id, device))
+        self.pool_uses[pool_id] = self.pool_uses.get(pool_id, 0) + 1
+
+    def _cuda_endAllocateToPool(self, device, pool_id):
+        self.fake.log.append(("raw unroute", pool_id, device))
+
+    def _cuda_releasePool(self, device, pool_id):
+        self.pool_uses[pool_id] -= 1
+
+    def _cuda_getCurrentStream(self, device):
+        s = self.fake.streams[device]
+        return (s.cuda_stream, s.device_index, 1)
+
+    def _cuda_setStream(self, stream_id, device_index, device_type):
+        self.fake.log.append(("set_stream", stream_id, device_index))
+        self.fake.streams[device_index] = FakeTorchStream(stream_id, device_index)
+
+    def _cuda_getDevice(self):
+        return self.fake.device_now
+
+    def _cuda_setDevice(self, d):
+        self.fake.set_device(d)
+
+
+def test_torch_library_raw_calls_route_by_pool_id_and_restore(fake_torch):
+    """With PyTorch's raw calls, a capture's begin and end, and a pause and
+    resume (CUDAGraph.outside_pool) between them, route and release the
+    pool's id in pairs; the device is restored only where it changed."""
+    raw = FakeRawCalls(fake_torch)
+    raw.install()
+    lib = foreign.TorchLibrary()
+    FakeTorchStream.stream_id = property(lambda s: s.cuda_stream)
+    FakeTorchStream.device_type = 1
+    try:
+        state = lib.begin(0, CaptureStream(0x1000), 7)
+        pool_id = lib.mem_pool(0, 7).id
+        assert fake_torch.streams[0].cuda_stream == 0x1000
+        assert raw.pool_uses == {pool_id: 1}
+        lib.pause(state)                                        # outside_pool()
+        assert raw.pool_uses == {pool_id: 0}
+        lib.resume(state)
+        assert raw.pool_uses == {pool_id: 1}
+        assert _events(fake_torch, "raw route", "raw unroute") == [
+            ("raw route", pool_id, 0), ("raw unroute", pool_id, 0), ("raw route", pool_id, 0)]
+        lib.end(state, True)
+        assert raw.pool_uses == {pool_id: 0}
+        assert fake_torch.streams[0].cuda_stream == 0                # PyTorch's stream before the capture
+        assert _events(fake_torch, "set_device") == []                # the device never changed
+        state = lib.begin(0, CaptureStream(0x1000), 7)
+        fake_torch.set_device(1)                                      # the captured code moved it
+        lib.end(state, True)
+        assert fake_torch.device_now == 0 and raw.pool_uses == {pool_id: 0}
+    finally:
+        del FakeTorchStream.stream_id, FakeTorchStream.device_type
