@@ -382,10 +382,11 @@ def to_library(lib, array, dtype):
 
 # ---------------------------------------------------------------- setup
 
-def gpu_and_torch(why_torch: str) -> tuple[Any, int | None]:
+def gpu_and_torch(why_torch: str, missing_torch_exit: int = 1) -> tuple[Any, int | None]:
     """(torch, None) when a CUDA GPU and PyTorch are here; else (None, exit
-    code) after saying what is missing: 0 without a GPU (nothing to measure
-    on this machine), 1 without PyTorch (``why_torch`` says why it is needed)."""
+    code) after saying what is missing in one line: 0 without a GPU (nothing
+    to measure on this machine), ``missing_torch_exit`` (1 unless told)
+    without PyTorch (``why_torch`` says why it is needed)."""
     if not tp.cuda.is_available():
         print(f"no GPU: {tp.cuda.unavailable_reason()}")
         return None, 0
@@ -393,7 +394,7 @@ def gpu_and_torch(why_torch: str) -> tuple[Any, int | None]:
         import torch
     except ImportError:
         print(f"PyTorch is needed: {why_torch}")
-        return None, 1
+        return None, missing_torch_exit
     return torch, None
 
 
