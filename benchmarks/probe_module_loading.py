@@ -56,13 +56,10 @@ out["used MiB"] = (total - free) / 2**20
 
 x = tp.zeros(1, device="cuda")
 x.add_(1)
+from tpbench.capture import tp_capture_adds, torch_capture_us
 
 def capture(n):
-    g = tp.cuda.CUDAGraph()
-    with tp.cuda.graph(g):
-        for _ in range(n):
-            x.add_(1)
-    return g
+    return tp_capture_adds(x, n)
 
 for _ in range(20):
     capture(100).reset()
@@ -79,7 +76,6 @@ for _ in range(repeats):
     eager.append((time.perf_counter() - t0) * 1e6)
 out["tp capture 100"] = statistics.median(per)
 out["tp eager 100"] = statistics.median(eager)
-from tpbench.capture import torch_capture_us
 out["torch capture 100"] = torch_capture_us(torch, 100, repeats)
 print("RESULT" + json.dumps(out))
 """

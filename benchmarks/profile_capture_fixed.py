@@ -37,13 +37,10 @@ if foreign != "default":
     tp.cuda.set_foreign_capture(foreign == "on")
 x = tp.zeros(1, device="cuda")
 x.add_(1)
+from tpbench.capture import tp_capture_adds, torch_capture_us
 
 def capture(n):
-    g = tp.cuda.CUDAGraph()
-    with tp.cuda.graph(g):
-        for _ in range(n):
-            x.add_(1)
-    return g
+    return tp_capture_adds(x, n)
 
 def phases(n):
     # (begin, body, end) host us of one capture of n ops
@@ -75,7 +72,6 @@ for n in (1, 100):
     split = [phases(n) for _ in range(repeats)]
     out[f"split {n}"] = [statistics.median(s[i] for s in split) for i in range(3)]
     if torch is not None:
-        from tpbench.capture import torch_capture_us
         out[f"torch {n}"] = torch_capture_us(torch, n, repeats)
 if profile:
     import cProfile, io, pstats

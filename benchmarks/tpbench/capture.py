@@ -17,23 +17,25 @@ import tensorplay as tp
 from tpbench.common import guarded, record
 
 
+def tp_capture_adds(x, n):
+    """A tensorplay graph of n in-place adds on ``x`` (the capture rows' work)."""
+    g = tp.cuda.CUDAGraph()
+    with tp.cuda.graph(g):
+        for _ in range(n):
+            x.add_(1)
+    return g
+
+
 def capture_rows(sizes, repeats, torch):
     for n in sizes:
         case = f"{n} nodes"
         x = tp.zeros(1, device="cuda")
         x.add_(1)
-
-        def cap():
-            g = tp.cuda.CUDAGraph()
-            with tp.cuda.graph(g):
-                for _ in range(n):
-                    x.add_(1)
-            return g
         per, with_first = [], []
         for _ in range(repeats):
             tp.cuda.synchronize()
             t0 = time.perf_counter()
-            g = cap()
+            g = tp_capture_adds(x, n)
             t1 = time.perf_counter()
             g.replay()                   # the first replay uploads the executable
             t2 = time.perf_counter()
