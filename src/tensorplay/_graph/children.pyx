@@ -15,6 +15,7 @@ from libc.string cimport memset
 from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport check, ensure_context
+from tensorplay._driver.context import make_error
 from tensorplay._driver.hostfn cimport retain_in_graph
 from tensorplay._driver.stream cimport refuse_in_conditional_body
 from tensorplay._driver.teardown cimport defer, destroy_must_wait
@@ -132,7 +133,8 @@ cdef cydriver.CUgraph capturing_graph(int device, cydriver.CUstream stream, cydr
         ensure_context(device)
         check(cydriver.cuStreamGetCaptureInfo(stream, &status, cid, &g, NULL, NULL, NULL))
     if status == cydriver.CU_STREAM_CAPTURE_STATUS_INVALIDATED:
-        raise RuntimeError(f"{what}: the stream's capture was invalidated by an earlier error; end that capture")
+        raise make_error(cydriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                         f"{what} on a stream whose capture was invalidated by an earlier error; end that capture")
     return g if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE else NULL
 
 
