@@ -37,6 +37,7 @@ import time
 from cuda.bindings import driver
 
 import tensorplay as tp
+from tpbench.capture import tp_capture_adds
 
 
 def _check(result):
@@ -84,14 +85,6 @@ def driver_phases(graph_handle, stream_handle, repeats):
         fused.append((t5 - t4) * 1e6)
     return {k: statistics.median(v) for k, v in
             (("instantiate", inst), ("upload", upload), ("instantiate+upload flag", fused), ("exec destroy", destroy))}
-
-
-def tp_capture(x, n):
-    g = tp.cuda.CUDAGraph()
-    with tp.cuda.graph(g):
-        for _ in range(n):
-            x.add_(1)
-    return g
 
 
 def torch_capture(tx, n, keep=False):
@@ -178,17 +171,17 @@ def main():
         for pdl in (True, False):
             tp.backends.cuda.pdl.enabled = pdl
             for _ in range(10):
-                tp_capture(x, n).reset()
+                tp_capture_adds(x, n).reset()
 
             def whole():
                 tp.cuda.synchronize()
                 t0 = time.perf_counter()
-                g = tp_capture(x, n)
+                g = tp_capture_adds(x, n)
                 dt = (time.perf_counter() - t0) * 1e6
                 g.reset()
                 return dt
             w = statistics.median(whole() for _ in range(args.repeats))
-            g = tp_capture(x, n)
+            g = tp_capture_adds(x, n)
             ph = driver_phases(g.graph_handle, stream.handle, args.repeats)
             rows.append((f"tensorplay PDL {'on' if pdl else 'off'}", w, ph))
             g.reset()

@@ -178,11 +178,18 @@ def test_a_peer_mapping_keeps_the_memory_through_the_exporters_sleep():
         peer.close()
 
 
-def test_a_process_maps_its_own_exported_segments_at_new_addresses():
+def _pool_with_a_tensor():
+    """(pool, graph, tensor): a sleepable pool holding one tensor of N
+    zeros, allocated by the graph's capture (the graph keeps it)."""
     pool = GraphPool()
     g = CUDAGraph()
     with tp.cuda.graph(g, pool=pool):
         t = tp.zeros(N, device="cuda")
+    return pool, g, t
+
+
+def test_a_process_maps_its_own_exported_segments_at_new_addresses():
+    pool, g, t = _pool_with_a_tensor()
     with pool.export_handles() as export:
         mapped = tp.cuda.import_segments(export)
     local = mapped.translate(t.data_ptr())
@@ -200,10 +207,7 @@ def test_a_process_maps_its_own_exported_segments_at_new_addresses():
 
 
 def test_a_mapping_closed_inside_a_capture_is_unmapped_after_it():
-    pool = GraphPool()
-    first = CUDAGraph()
-    with tp.cuda.graph(first, pool=pool):
-        t = tp.zeros(N, device="cuda")
+    pool, first, t = _pool_with_a_tensor()
     with pool.export_handles() as export:
         mapped = tp.cuda.import_segments(export)
     assert t.data_ptr() in mapped
@@ -219,10 +223,7 @@ def test_a_mapping_closed_inside_a_capture_is_unmapped_after_it():
 
 
 def test_a_descriptor_that_is_no_exported_segment_raises_cuda_error(tmp_path):
-    pool = GraphPool()
-    g = CUDAGraph()
-    with tp.cuda.graph(g, pool=pool):
-        t = tp.zeros(N, device="cuda")
+    pool, g, t = _pool_with_a_tensor()
     with pool.export_handles() as export:
         (seg,) = [s for s in export.segments if t.data_ptr() in s]
     if seg.handle_type != "posix_fd":
