@@ -11,6 +11,11 @@ A description is what ``CUDAGraph.describe()`` returns::
      "edges": [[0, 1], ...],
      "programmatic_edges": [[0, 1], ...]}
 
+A description annotated with a profile (``GraphProfile.annotate``, what
+``describe(profile=...)`` returns) also has each node's ``"time"``: its
+label gains the node's us per replay and share, its fill goes from white to
+red with the share, and nodes on the critical path get a thick border.
+
 Conditional bodies become clusters, nested as captured: the one body of an
 IF or WHILE node is labelled with the node's type (``if`` / ``while``); the
 bodies of an IF/ELSE or SWITCH node with their own labels (``then`` /
@@ -28,7 +33,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["to_dot", "demangle", "escape"]
+__all__ = ["to_dot", "demangle", "escape", "heat"]
 
 _SHAPES = {"kernel": "box", "memcpy": "parallelogram", "memset": "parallelogram", "conditional": "diamond",
            "event_record": "cds", "wait_event": "cds", "mem_alloc": "folder", "mem_free": "folder",
@@ -81,7 +86,26 @@ def _label(node, detailed):
     if detailed:
         for k, v in sorted(node.get("attrs", {}).items()):
             lines.append(f"{k}={_fmt(v)}")
+    t = node.get("time")
+    if t:
+        lines.append(f"{t['total_us']:.1f} us ({t['share']:.0%})" +
+                     (f" x{t['executions']:g}" if t.get("executions", 1) != 1 else ""))
+        if t.get("iterations") is not None:
+            lines.append(f"{t['iterations']:g} iterations, {t['per_iteration_us']:.1f} us each")
     return "\n".join(lines)
+
+
+def heat(share: float) -> str:
+    """The fill colour of a node taking ``share`` of the replay: white at 0, red at 1 (and above)."""
+    level = int(round(255 * (1 - min(max(float(share), 0.0), 1.0))))
+    return f"#ff{level:02x}{level:02x}"
+
+
+def _style(node) -> str:
+    t = node.get("time")
+    if not t:
+        return ""
+    return f', style=filled, fillcolor="{heat(t["share"])}"' + (", penwidth=2.5" if t.get("critical") else "")
 
 
 def _emit(desc, prefix, lines, indent, detailed, counter):
@@ -90,7 +114,7 @@ def _emit(desc, prefix, lines, indent, detailed, counter):
         nid = f"{prefix}n{node['id']}"
         ids[node["id"]] = nid
         shape = _SHAPES.get(node.get("kind"), "box")
-        lines.append(f'{indent}{escape(nid)} [label={escape(_label(node, detailed))}, shape={shape}];')
+        lines.append(f'{indent}{escape(nid)} [label={escape(_label(node, detailed))}, shape={shape}{_style(node)}];')
         bodies = node.get("bodies", []) or []
         for b, body in enumerate(bodies):
             counter[0] += 1

@@ -31,6 +31,7 @@ from tensorplay._tensor.tensor import Tensor as _Tensor
 from tensorplay.types import CaptureErrorMode, PoolLike, StreamLike, TensorLike
 from tensorplay._graph import dot as _dot
 from tensorplay._graph import structured as _structured
+from tensorplay._graph import node_profile as _node_profile
 from tensorplay._graph.foreign import (ForeignRandomError, OutsidePoolBlock, explain_capture_error, graph_tensor,
                                       is_foreign_tensor)
 from tensorplay._graph.pools import GraphPool
@@ -214,7 +215,8 @@ class CUDAGraph(CUDAGraphBase):
         self._debug_mode = True
 
     def describe(self, static_inputs: Sequence[Any] | None = None,
-                 static_outputs: Sequence[Any] = ()) -> dict[str, Any]:
+                 static_outputs: Sequence[Any] = (), *,
+                 profile: _node_profile.GraphProfile | None = None) -> dict[str, Any]:
         """Return the captured graph as plain data (nodes, edges, conditional bodies).
 
         The description is read back from the driver (cuGraphGetNodes,
@@ -244,15 +246,20 @@ class CUDAGraph(CUDAGraphBase):
         without a copy (see :meth:`rebindable`)::
 
             "rebindable": {"inputs": [bool, ...], "outputs": [bool, ...]}
+
+        With ``profile`` (:meth:`profile_nodes`) each node also has its ``"time"``.
         """
         description = self._describe(getattr(self, "_debug_mode", False), "describe")
+        if profile is not None:
+            description = profile.annotate(description)
         if static_inputs is not None:
             flags = self.rebindable(static_inputs, static_outputs)
             n_in = len(static_inputs)
             description["rebindable"] = {"inputs": flags[:n_in], "outputs": flags[n_in:]}
         return description
 
-    def debug_dump(self, path: str | os.PathLike[str]) -> str:
+    def debug_dump(self, path: str | os.PathLike[str], *,
+                   profile: _node_profile.GraphProfile | None = None) -> str:
         """Write a picture of the captured graph to ``path`` and return the path written.
 
         The picture is Graphviz DOT (nodes, edges, conditional bodies as
@@ -265,6 +272,8 @@ class CUDAGraph(CUDAGraphBase):
         ----------
         path : str or os.PathLike
             Where to write: ``.dot``, ``.svg`` or ``.png``.
+        profile : GraphProfile, optional
+            From :meth:`profile_nodes`: nodes coloured by their share of the replay.
 
         Returns
         -------
@@ -275,6 +284,8 @@ class CUDAGraph(CUDAGraphBase):
         import subprocess
         path = os.fspath(path)
         desc = self._describe(getattr(self, "_debug_mode", False), "debug_dump")
+        if profile is not None:
+            desc = profile.annotate(desc)
         dot = _dot.to_dot(desc, detailed=getattr(self, "_debug_mode", False),
                           title=f"CUDA graph on cuda:{self.device_index} ({self.num_nodes} nodes)")
         root, ext = os.path.splitext(path)
@@ -294,6 +305,17 @@ class CUDAGraph(CUDAGraphBase):
         if res.returncode != 0:
             raise OSError(f"dot failed to render {path}: {res.stderr.strip()}")
         return path
+
+    def profile_nodes(self, replays: int = 20, *, warmup: int = 2, samples: int = 256,
+                      stream: StreamLike | None = None) -> _node_profile.GraphProfile:
+        """The GPU time of each node of the graph's replays, as a :class:`GraphProfile`.
+
+        Replays ``warmup + replays`` times, on ``stream``, a copy of the graph
+        with a timestamp kernel around every node (bodies, child graphs too);
+        the graph itself replays only to be timed whole. ``samples``: the
+        executions kept per node and replay (a WHILE body's first ones).
+        """
+        return _node_profile.profile_graph(self, replays, warmup, samples, stream)
 
     # ------------------------------------------------------------ other allocators
 

@@ -2,7 +2,8 @@
 """The kernels the graph layer launches itself: stage_and_launch's table-driven
 multi-tensor copy, and the one-thread kernels that set a conditional node's
 handle: from a device bool (IF, IF/ELSE, WHILE) or from a device integer
-index (SWITCH, one variant per integer dtype)."""
+index (SWITCH, one variant per integer dtype); the node profile's timestamp
+kernels."""
 
 from __future__ import annotations
 
@@ -86,3 +87,34 @@ def multi_copy_function(capacity, device):
     """The loaded multi-copy kernel for tables of ``capacity`` entries."""
     return cache.cached_function(("multi_copy", capacity), device,
                                  lambda: (multi_copy_source(capacity), f"tp_multi_copy_{capacity}"))
+
+
+# The node profile's stamps (profile_nodes): one thread reads the global
+# timer (ns). A record is [last start, sum of durations, count, durations...];
+# the end stamp keeps the first ``cap`` durations. No grid-dependency wait:
+# they are graph nodes, never launched with PDL.
+PROFILE_STAMP_SOURCE = r"""
+__device__ __forceinline__ unsigned long long tp_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+extern "C" __global__ void tp_profile_start(unsigned long long* rec, unsigned int cap) {
+  rec[0] = tp_now();
+}
+extern "C" __global__ void tp_profile_end(unsigned long long* rec, unsigned int cap) {
+  unsigned long long d = tp_now() - rec[0];
+  unsigned long long c = rec[2];
+  if (c < cap) rec[3 + c] = d;
+  rec[1] += d;
+  rec[2] = c + 1;
+}
+extern "C" __global__ void tp_profile_empty() {}
+"""
+
+
+def profile_stamp_functions(device):
+    """The start stamp, the end stamp and the empty kernel of the node profile."""
+    return tuple(cache.cached_function(("profile_stamp", name), device,
+                                       lambda name=name: (PROFILE_STAMP_SOURCE, name))
+                 for name in ("tp_profile_start", "tp_profile_end", "tp_profile_empty"))

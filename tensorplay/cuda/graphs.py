@@ -10,7 +10,8 @@ from tensorplay._graph.foreign import ForeignRandomError, foreign_capture_librar
 from tensorplay._graph.graphs import (CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing,
                                       make_graphed_callables)
 from tensorplay._graph.graphset import GraphSet
+from tensorplay._graph.node_profile import GraphProfile, NodeTime
 from tensorplay._graph.pools import GraphPool, PoolAsleepError
 
-__all__ = ["CUDAGraph", "CollectiveError", "CompileInCaptureError", "check_collectives_capturable", "embed", "ForeignRandomError", "GraphPool", "GraphSet", "PoolAsleepError", "foreign_capture_libraries", "graph", "graph_pool_handle",
+__all__ = ["CUDAGraph", "CollectiveError", "CompileInCaptureError", "check_collectives_capturable", "embed", "ForeignRandomError", "GraphPool", "GraphProfile", "GraphSet", "NodeTime", "PoolAsleepError", "foreign_capture_libraries", "graph", "graph_pool_handle",
            "is_current_stream_capturing", "make_graphed_callables", "set_foreign_capture", "to_dot"]

@@ -465,6 +465,15 @@ cdef class ReplayBase:
         unreadable = kernel_argument_words(self._cur.graph, self._cur.conditionals, words)
         return words, unreadable
 
+    def _profile_source(self, str what="profile_nodes"):
+        """The captured graph (as an int) and its conditional nodes' bodies,
+        for the node profile's instrumented copy; refused as replay() is."""
+        if self._cur.handle == NULL:
+            self._replay_error(what)
+        if self._cur.pool is not None and self._cur.pool.asleep:
+            self._asleep_error(what)
+        return <uintptr_t>self._cur.graph, self._cur.conditionals
+
     # ------------------------------------------------------------ lifetime
 
     cdef void retire_previous(self) noexcept:

@@ -1,0 +1,284 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The instrumented copy a node profile replays (CUDAGraph.profile_nodes).
+
+A clone of the captured graph (cuGraphClone) in which every node, at every
+depth (child graphs, conditional bodies), sits between two timestamp kernels
+that read the GPU's global timer (%globaltimer, ns): a start stamp the node
+depends on, an end stamp that depends on the node and adds the elapsed time
+to the node's record. Each scope (the graph, each body) also gets a span:
+a stamp before its first nodes and one after its last, so a WHILE body's
+span is one iteration. The original edges become edges from the end stamp
+of one node to the start stamp of the next, so the copy keeps the graph's
+order and parallel branches; a programmatic (PDL) edge becomes a full one.
+The user's graph and executable are never touched.
+
+A record is ``3 + cap`` 64-bit words: the last start time, the sum of the
+durations, the number of executions, then the first ``cap`` durations.
+"""
+
+from cuda.bindings cimport cydriver
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
+from libcpp.vector cimport vector
+
+from tensorplay._driver.context cimport check, ensure_context
+from tensorplay._driver.launch cimport Function
+
+cdef unsigned int HEAD = 3      # start, sum, count: then the durations
+RECORD_HEAD = HEAD
+
+
+cdef vector[cydriver.CUgraphNode] graph_nodes(cydriver.CUgraph g) except *:
+    cdef size_t n = 0
+    cdef vector[cydriver.CUgraphNode] nodes
+    check(cydriver.cuGraphGetNodes(g, NULL, &n))
+    nodes.resize(n)
+    if n:
+        check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
+    return nodes
+
+
+cdef cydriver.CUgraphNodeType node_type(cydriver.CUgraphNode node) except *:
+    cdef cydriver.CUgraphNodeType t
+    check(cydriver.cuGraphNodeGetType(node, &t))
+    return t
+
+
+cdef class InstrumentedCopy:
+    """The instrumented clone, its executable and what each record measures."""
+    cdef cydriver.CUgraph graph
+    cdef cydriver.CUgraphExec exec_handle
+    cdef readonly int device
+    cdef readonly list slots            # record index -> (scope path, node id; -1 for the scope's span)
+    cdef readonly int programmatic_edges    # PDL edges made full in the copy
+    cdef readonly list uninstrumented   # (scope path, node id) of conditional nodes whose bodies were not found
+    cdef Function start_fn, end_fn
+    cdef uintptr_t records
+    cdef unsigned int cap
+    cdef cydriver.CUgraph top_clone
+
+    def __cinit__(self):
+        self.graph = NULL
+        self.exec_handle = NULL
+
+    def __dealloc__(self):
+        # never raises: a failing destroy leaks the copy rather than the process
+        if self.exec_handle != NULL:
+            cydriver.cuGraphExecDestroy(self.exec_handle)
+            self.exec_handle = NULL
+        if self.graph != NULL:
+            cydriver.cuGraphDestroy(self.graph)
+            self.graph = NULL
+
+    cdef cydriver.CUgraphNode stamp(self, cydriver.CUgraph g, bint end, int slot,
+                                    cydriver.CUgraphNode* deps, size_t ndeps) except *:
+        """Add a start or end stamp of record ``slot`` to ``g`` after ``deps``."""
+        cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
+        cdef cydriver.CUgraphNode node = NULL
+        cdef unsigned long long rec = self.records + <unsigned long long>slot * (HEAD + self.cap) * 8
+        cdef unsigned int cap = self.cap
+        cdef void* args[2]
+        args[0] = &rec
+        args[1] = &cap
+        memset(&kp, 0, sizeof(kp))
+        kp.func = (self.end_fn if end else self.start_fn)._handle
+        kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+        kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+        kp.kernelParams = args
+        check(cydriver.cuGraphAddKernelNode(&node, g, deps, ndeps, &kp))
+        return node
+
+    cdef int new_slot(self, tuple scope, int node_id):
+        self.slots.append((scope, node_id))
+        return len(self.slots) - 1
+
+    cdef list find_clones(self, cydriver.CUgraph original, cydriver.CUgraph copy,
+                          vector[cydriver.CUgraphNode]& onodes):
+        """The copy's node for each of ``original``'s (in cuGraphGetNodes order,
+        the ids describe() gives): cuGraphNodeFindInClone, else the same
+        position in the copy's node list when the kinds agree."""
+        cdef vector[cydriver.CUgraphNode] cnodes = graph_nodes(copy)
+        cdef cydriver.CUgraphNode c = NULL
+        cdef size_t i
+        out = []
+        for i in range(onodes.size()):
+            if cydriver.cuGraphNodeFindInClone(&c, onodes[i], self.top_clone) == cydriver.CUDA_SUCCESS:
+                out.append(<uintptr_t>c)
+            elif i < cnodes.size() and cnodes.size() == onodes.size() and \
+                    node_type(cnodes[i]) == node_type(onodes[i]):
+                out.append(<uintptr_t>cnodes[i])
+            else:
+                raise RuntimeError("profile_nodes: a node of the graph has no counterpart in its clone")
+        return out
+
+    cdef list body_graphs(self, cydriver.CUgraphNode copy_node, list original_bodies):
+        """The bodies of a conditional node of the copy, in branch order, or
+        None: from its parameters (cuGraphNodeGetParams), else through a
+        node of each original body found in the copy."""
+        cdef cydriver.CUgraphNodeParams params
+        cdef cydriver.CUgraph body = NULL
+        cdef cydriver.CUgraphNode c = NULL
+        cdef vector[cydriver.CUgraphNode] onodes
+        cdef unsigned int i
+        memset(&params, 0, sizeof(params))
+        if cydriver.cuGraphNodeGetParams(copy_node, &params) == cydriver.CUDA_SUCCESS and \
+                params.type == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL and \
+                params.conditional.phGraph_out != NULL and params.conditional.size == len(original_bodies):
+            return [<uintptr_t>params.conditional.phGraph_out[i] for i in range(params.conditional.size)]
+        out = []
+        for ob in original_bodies:
+            onodes = graph_nodes(<cydriver.CUgraph><uintptr_t>ob)
+            if onodes.size() == 0:
+                out.append(0)        # nothing to time in an empty body
+                continue
+            if cydriver.cuGraphNodeFindInClone(&c, onodes[0], self.top_clone) != cydriver.CUDA_SUCCESS or \
+                    cydriver.cuGraphNodeGetContainingGraph(c, &body) != cydriver.CUDA_SUCCESS:
+                return None
+            out.append(<uintptr_t>body)
+        return out
+
+    cdef int instrument(self, cydriver.CUgraph original, cydriver.CUgraph copy, tuple scope,
+                        dict conditionals) except -1:
+        cdef vector[cydriver.CUgraphNode] onodes = graph_nodes(original)
+        cdef vector[cydriver.CUgraphNode] froms, tos, starts, ends, leaves
+        cdef vector[cydriver.CUgraphEdgeData] edata
+        cdef cydriver.CUgraphNode c, span_start, node
+        cdef cydriver.CUgraph ochild = NULL, cchild = NULL
+        cdef size_t ne = 0, i, n = onodes.size()
+        cdef int slot
+        if n == 0:
+            return 0
+        copies = self.find_clones(original, copy, onodes)
+        index = {copies[i]: i for i in range(n)}
+        check(cydriver.cuGraphGetEdges(copy, NULL, NULL, NULL, &ne))
+        froms.resize(ne)
+        tos.resize(ne)
+        edata.resize(ne)
+        if ne:
+            check(cydriver.cuGraphGetEdges(copy, froms.data(), tos.data(), edata.data(), &ne))
+            check(cydriver.cuGraphRemoveDependencies(copy, froms.data(), tos.data(), edata.data(), ne))
+        has_in = [False] * n
+        has_out = [False] * n
+        for i in range(ne):
+            has_out[index[<uintptr_t>froms[i]]] = True
+            has_in[index[<uintptr_t>tos[i]]] = True
+            if edata[i].type == cydriver.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC:
+                self.programmatic_edges += 1
+        span_slot = self.new_slot(scope, -1)
+        span_start = self.stamp(copy, False, span_slot, NULL, 0)
+        starts.resize(n)
+        ends.resize(n)
+        for i in range(n):
+            c = <cydriver.CUgraphNode><uintptr_t>copies[i]
+            slot = self.new_slot(scope, <int>i)
+            starts[i] = self.stamp(copy, False, slot, &span_start if not has_in[i] else NULL,
+                                   0 if has_in[i] else 1)
+            check(cydriver.cuGraphAddDependencies(copy, &starts[i], &c, NULL, 1))
+            ends[i] = self.stamp(copy, True, slot, &c, 1)
+            if not has_out[i]:
+                leaves.push_back(ends[i])
+        for i in range(ne):
+            check(cydriver.cuGraphAddDependencies(copy, &ends[index[<uintptr_t>froms[i]]],
+                                                  &starts[index[<uintptr_t>tos[i]]], NULL, 1))
+        self.stamp(copy, True, span_slot, leaves.data(), leaves.size())
+        # what runs inside: child graphs and conditional bodies, each its own scope
+        for i in range(n):
+            c = <cydriver.CUgraphNode><uintptr_t>copies[i]
+            t = node_type(onodes[i])
+            if t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+                check(cydriver.cuGraphChildGraphNodeGetGraph(onodes[i], &ochild))
+                check(cydriver.cuGraphChildGraphNodeGetGraph(c, &cchild))
+                self.instrument(ochild, cchild, scope + (<int>i, 0), conditionals)
+            elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+                info = conditionals.get(<uintptr_t>onodes[i])
+                bodies = self.body_graphs(c, list(info[1])) if info is not None else None
+                if bodies is None:
+                    self.uninstrumented.append((scope, <int>i))
+                    continue
+                for b, (ob, cb) in enumerate(zip(info[1], bodies)):
+                    if cb:
+                        self.instrument(<cydriver.CUgraph><uintptr_t>ob, <cydriver.CUgraph><uintptr_t>cb,
+                                        scope + (<int>i, b), conditionals)
+        return 0
+
+    def launch(self, uintptr_t stream):
+        """Launch the instrumented executable on ``stream``."""
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        with nogil:
+            ensure_context(self.device)
+            check(cydriver.cuGraphLaunch(self.exec_handle, s))
+
+
+def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Function start_fn,
+                            Function end_fn, uintptr_t records, unsigned int cap, size_t max_slots):
+    """Clone ``graph`` (with ``conditionals``: node -> (kind, bodies, handle)),
+    stamp every node writing records of ``cap`` samples from ``records``
+    (room for ``max_slots``), instantiate and upload it."""
+    cdef InstrumentedCopy ic = InstrumentedCopy.__new__(InstrumentedCopy)
+    ic.device = device
+    ic.slots = []
+    ic.uninstrumented = []
+    ic.programmatic_edges = 0
+    ic.start_fn = start_fn
+    ic.end_fn = end_fn
+    ic.records = records
+    ic.cap = cap
+    ensure_context(device)
+    check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
+    ic.top_clone = ic.graph
+    ic.instrument(<cydriver.CUgraph>graph, ic.graph, (), conditionals)
+    if len(ic.slots) > max_slots:
+        raise RuntimeError(f"profile_nodes: {len(ic.slots)} records needed, {max_slots} allocated")
+    check(cydriver.cuGraphInstantiate(&ic.exec_handle, ic.graph, 0))
+    return ic
+
+
+def count_nodes(uintptr_t graph, dict conditionals):
+    """Nodes of ``graph`` at every depth (child graphs, conditional bodies)
+    plus one per scope: the records a profile needs."""
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(<cydriver.CUgraph>graph)
+    cdef cydriver.CUgraph child = NULL
+    cdef size_t i
+    total = <Py_ssize_t>nodes.size() + 1
+    for i in range(nodes.size()):
+        t = node_type(nodes[i])
+        if t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+            check(cydriver.cuGraphChildGraphNodeGetGraph(nodes[i], &child))
+            total += count_nodes(<uintptr_t>child, conditionals)
+        elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            info = conditionals.get(<uintptr_t>nodes[i])
+            if info is not None:
+                for body in info[1]:
+                    total += count_nodes(body, conditionals)
+    return total
+
+
+def build_calibration(int device, Function start_fn, Function end_fn, Function empty_fn,
+                      uintptr_t records, unsigned int cap, unsigned int pairs):
+    """A graph of ``pairs`` stamp pairs in a chain, each around one empty
+    kernel, all on record 0: what the profile reads for a node that does
+    nothing (the instrumentation's floor)."""
+    cdef InstrumentedCopy ic = InstrumentedCopy.__new__(InstrumentedCopy)
+    cdef cydriver.CUgraphNode prev = NULL, node = NULL
+    cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
+    cdef unsigned int i
+    ic.device = device
+    ic.slots = [((), -1)]
+    ic.uninstrumented = []
+    ic.programmatic_edges = 0
+    ic.start_fn = start_fn
+    ic.end_fn = end_fn
+    ic.records = records
+    ic.cap = cap
+    ensure_context(device)
+    check(cydriver.cuGraphCreate(&ic.graph, 0))
+    memset(&kp, 0, sizeof(kp))
+    kp.func = empty_fn._handle
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+    for i in range(pairs):
+        prev = ic.stamp(ic.graph, False, 0, &prev if prev != NULL else NULL, 1 if prev != NULL else 0)
+        check(cydriver.cuGraphAddKernelNode(&node, ic.graph, &prev, 1, &kp))
+        prev = ic.stamp(ic.graph, True, 0, &node, 1)
+    check(cydriver.cuGraphInstantiate(&ic.exec_handle, ic.graph, 0))
+    return ic
