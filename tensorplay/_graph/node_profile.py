@@ -28,6 +28,7 @@ import numpy as np
 from tensorplay import _dtypes
 from tensorplay._driver.stream import Event, stream_of, stream as use_stream
 from tensorplay._graph import instrument, kernels
+from tensorplay._graph.dot import demangle
 from tensorplay._graph.streams import is_stream_capturing
 from tensorplay._tensor.creation import zeros
 
@@ -64,8 +65,7 @@ class NodeTime:
     @property
     def label(self) -> str:
         """Where the node is (``3`` at the top, ``3/body/1`` in a body) and what it is."""
-        from tensorplay._graph.dot import demangle
-        where = "/".join(f"{scope_part}" for scope_part in _scope_names(self.scope) + [str(self.id)])
+        where = "/".join(_scope_names(self.scope) + [str(self.id)])
         what = demangle(self.name) if self.name else self.kind
         return f"{where} {what}"
 
@@ -198,8 +198,10 @@ def _longest_path(ids: list[int], edges: list[list[int]], weight: Mapping[int, f
         return [], 0.0
     end = max(ids, key=lambda i: best[i])
     path = [end]
-    while prev[path[-1]] is not None:
-        path.append(prev[path[-1]])
+    step = prev[end]
+    while step is not None:
+        path.append(step)
+        step = prev[step]
     return path[::-1], best[end]
 
 

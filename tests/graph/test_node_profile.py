@@ -133,7 +133,7 @@ def test_a_while_bodys_iterations_add_up_to_the_nodes_total(spin):
     prof = g.profile_nodes(replays=5, samples=64)
     loop = next(n for n in prof.nodes if n.kind == "conditional")
     assert loop.iterations == 40
-    assert near(loop.per_iteration_us * loop.iterations, loop.total_us, rel=0.1, abs_us=10), loop
+    assert near(loop.per_iteration_us * loop.iterations, loop.total_us, rel=0.15, abs_us=10), loop
     body = prof.body(loop.scope + (loop.id, 0))
     spin_node = next(n for n in body if n.name == "spin_ns")
     assert spin_node.executions == 40 and near(spin_node.us, 15)
@@ -180,7 +180,7 @@ def test_a_profile_names_pytorchs_kernels(torch):
         d = torch.relu(c)
     prof = g.profile_nodes(replays=5)
     names = [n.name or n.kind for n in prof.nodes]
-    assert any("gemm" in x.lower() or "sm90" in x.lower() or "cutlass" in x.lower() for x in names), names
+    assert any(k in x.lower() for x in names for k in ("gemm", "nvjet", "cutlass", "xmma")), names
     gemm = max(prof.nodes, key=lambda n: n.total_us)
     assert gemm.share > 0.5                         # the matmul dominates a relu of the same size
     g.replay()
