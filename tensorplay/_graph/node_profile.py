@@ -29,6 +29,7 @@ from tensorplay import _dtypes
 from tensorplay._driver.stream import Event, stream_of, stream as use_stream
 from tensorplay._graph import instrument, kernels
 from tensorplay._graph.dot import demangle
+from tensorplay._graph.registry import describe_open_captures, open_captures
 from tensorplay._graph.streams import is_stream_capturing
 from tensorplay._tensor.creation import zeros
 
@@ -296,8 +297,10 @@ def profile_graph(graph, replays: int = 20, warmup: int = 2, samples: int = 256,
     s = stream_of(stream, device)
     if s.device_index != device:
         raise ValueError(f"profile_nodes: the graph belongs to cuda:{device}, the stream to cuda:{s.device_index}")
-    if is_stream_capturing(s.handle, device):
-        raise RuntimeError("profile_nodes: the stream is capturing; profile a graph outside any capture")
+    # the copy's clone, instantiate and launches would break a capture open on any stream
+    if is_stream_capturing(s.handle, device) or open_captures():
+        raise RuntimeError(f"profile_nodes: refused while capturing ({describe_open_captures() or 'the stream is'}"
+                           f"); profile a graph outside any capture")
     description = graph._describe(False, "profile_nodes")
     start_fn, end_fn, empty_fn = kernels.profile_stamp_functions(device)
     n_slots = instrument.count_nodes(handle, conditionals)
