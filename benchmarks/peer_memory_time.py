@@ -43,8 +43,8 @@ def measure(pool, out, repeats):
         try:
             try:
                 mapped, ms = _timed(lambda: tp.cuda.import_segments(export))
-            except tp.cuda.CudaError as exc:      # CUDA IPC handles open in another process only
-                rows["import note"] = [f"{exc.name}"]
+            except (tp.cuda.CudaError, ValueError) as exc:   # CUDA IPC handles open in another process only
+                rows["import note"] = [getattr(exc, "name", type(exc).__name__)]
                 continue
             rows["import"].append(ms)
             ptr = mapped.translate(out.data_ptr())

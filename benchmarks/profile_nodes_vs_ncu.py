@@ -10,7 +10,8 @@ Two graphs: the quick start's (examples/quickstart.py: 8 layers of a 256 x
 examples/decode_loop.py (model "small", batch 1, PyTorch's kernels captured
 by tensorplay). For each, the profile's table, then per kernel name: the
 profile's median us per execution, ncu's median gpu__time_duration of the
-same kernels (``ncu --clock-control none --graph-profiling node``, each
+same kernels (``ncu --clock-control none --cache-control none
+--graph-profiling node``, each
 kernel node profiled alone, in a child process that builds the same graph),
 and their ratio. Then the decode loop's WHILE graph: its per-iteration time
 and iteration count. Without ncu on the PATH the comparison is skipped.
@@ -27,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import traceback
 
 import numpy as np
 
@@ -93,7 +95,8 @@ def ncu_times(name, replays):
     tool = shutil.which("ncu")
     if tool is None:
         return None, "ncu not found"
-    cmd = [tool, "--clock-control", "none", "--graph-profiling", "node", "--metrics", "gpu__time_duration.sum",
+    cmd = [tool, "--clock-control", "none", "--cache-control", "none", "--graph-profiling", "node",
+           "--metrics", "gpu__time_duration.sum",
            "--print-kernel-base", "mangled", "--csv", "--print-units", "base",
            sys.executable, os.path.abspath(__file__), "--child", name, "--replays", str(replays)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=240)
@@ -165,6 +168,7 @@ def main():
         try:
             compare(name, args.replays, results)
         except Exception as exc:         # one workload failing still reports the other
+            traceback.print_exc(file=sys.stdout)
             print(f"{name}: failed: {type(exc).__name__}: {exc}")
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
     if args.json:

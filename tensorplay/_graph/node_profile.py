@@ -4,11 +4,12 @@
 The graph is cloned and every node, at every depth, is put between two
 one-thread kernels that read the GPU's global timer (see
 ``tensorplay._graph.instrument``); the copy is replayed, never the user's
-executable. What a node's stamps read is its time plus the cost of the
-stamps themselves; that cost (the *floor*) is measured on a chain of stamp
-pairs around an empty kernel and taken off every node. Inside a child graph
-or a conditional body the copy's stamps also run; they are taken off the
-enclosing node's time at the floor's rate.
+executable. What a node's stamps read is its time (its own launch after the
+node before it included, as in a replay) plus what the stamps add: the
+*floor*, read on stamp pairs with nothing between them, is taken off every
+node. Inside a child graph or a conditional body the copy's stamps also
+run; what a stamp pair costs (read around an empty kernel) is taken off the
+enclosing node's time for each pair that ran inside it.
 
 Nothing here needs a GPU once a profile exists: :meth:`GraphProfile.to_dict`
 and :meth:`GraphProfile.from_dict` store and load one, and
@@ -82,14 +83,18 @@ class GraphProfile:
     Attributes: ``nodes`` (a :class:`NodeTime` per node at every depth, in
     graph order), ``replays``; ``replay_us`` (median GPU time of a replay of
     the graph itself, CUDA events) and ``instrumented_us`` (of the
-    instrumented copy, its own stamps); ``floor_us`` (what the stamps read
-    around an empty kernel, taken off every node) and ``floor_spread_us``
-    (its 10th to 90th percentile: a node shorter than that spread is within
-    the noise); ``critical_path`` (ids of the top graph's nodes on its
+    instrumented copy, its own stamps); ``floor_us`` (what a pair of stamps
+    reads with nothing between them, taken off every node) and
+    ``floor_spread_us`` (its 10th to 90th percentile: a node shorter than
+    that spread is within the noise); ``stamp_pair_us`` (what a pair of
+    stamps costs a graph: taken off a node for each pair run inside it) and
+    ``empty_kernel_us`` (what an empty kernel reads: the least a kernel node
+    costs a replay); ``critical_path`` (ids of the top graph's nodes on its
     longest path by time) and ``critical_path_us``; ``programmatic_edges``
     (PDL edges the copy made full edges: each kernel is timed alone, without
-    overlap with the one before); ``uninstrumented`` ((scope, id) of
-    conditional nodes whose bodies could not be reached, timed as a whole).
+    overlap with the one before); ``uninstrumented`` ((scope, id) of child
+    graph and conditional nodes whose bodies were left unstamped, timed as a
+    whole) and ``notes`` (why).
     """
     nodes: list[NodeTime]
     replays: int
@@ -97,10 +102,12 @@ class GraphProfile:
     instrumented_us: float
     floor_us: float
     floor_spread_us: tuple[float, float]
+    stamp_pair_us: float
     critical_path: list[int]
     critical_path_us: float
     programmatic_edges: int = 0
     uninstrumented: list[tuple[Scope, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def node(self, id: int, scope: Scope = ()) -> NodeTime:
         """The time of node ``id`` of ``scope`` (``()``: the top graph; ``(3, 0)``: body 0 of node 3)."""
@@ -119,7 +126,8 @@ class GraphProfile:
         lines = [f"replay {self.replay_us:.1f} us on the GPU ({self.replays} replays profiled; the instrumented "
                  f"copy {self.instrumented_us:.1f} us); critical path {self.critical_path_us:.1f} us; "
                  f"instrumentation floor {self.floor_us:.2f} us per node "
-                 f"(p10-p90 {self.floor_spread_us[0]:.2f}-{self.floor_spread_us[1]:.2f}), taken off each node",
+                 f"(p10-p90 {self.floor_spread_us[0]:.2f}-{self.floor_spread_us[1]:.2f}), taken off each node; "
+                 f"an empty kernel reads {self.empty_kernel_us:.2f} us",
                  f"{'node':<44} {'runs':>6} {'us/run':>9} {'us/replay':>10} {'share':>7}"]
         for n in rows:
             label = n.label if len(n.label) <= 42 else n.label[:39] + "..."
@@ -130,10 +138,16 @@ class GraphProfile:
         if self.programmatic_edges:
             lines.append(f"{self.programmatic_edges} PDL edge(s) made full edges in the copy: each kernel is "
                          f"timed alone, so the sum of the times exceeds the replay's")
+        lines += self.notes
         lines.append("* on the critical path")
         return "\n".join(lines)
 
     __str__ = table
+
+    @property
+    def empty_kernel_us(self) -> float:
+        """What an empty kernel node reads: the least a kernel node costs a replay."""
+        return self.stamp_pair_us - self.floor_us
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as JSON-ready data; :meth:`from_dict` loads it back."""
@@ -207,18 +221,21 @@ def _longest_path(ids: list[int], edges: list[list[int]], weight: Mapping[int, f
 
 
 def build_profile(description: Mapping[str, Any], slots: list[tuple[Scope, int]], records: np.ndarray,
-                  floor_ns: np.ndarray, replay_us: float, programmatic_edges: int = 0,
-                  uninstrumented: list[tuple[Scope, int]] | None = None) -> GraphProfile:
+                  floor_ns: np.ndarray, pair_ns: np.ndarray, replay_us: float, programmatic_edges: int = 0,
+                  uninstrumented: list[tuple[Scope, int]] | None = None,
+                  notes: list[str] | None = None) -> GraphProfile:
     """Turn the records read back from the instrumented copy into a profile.
 
     ``records`` has shape (replays, len(slots), 3 + cap): for each record its
     last start, sum of durations, count and first ``cap`` durations (ns), as
-    the stamp kernels write them; ``floor_ns`` the durations read around an
-    empty kernel. Pure NumPy: tested without a GPU."""
+    the stamp kernels write them; ``floor_ns`` the durations stamp pairs read
+    with nothing between them, ``pair_ns`` around an empty kernel. Pure
+    NumPy: tested without a GPU."""
     records = np.asarray(records, dtype=np.uint64)
     replays = records.shape[0]
     cap = records.shape[2] - 3
     floor = float(np.median(floor_ns)) / 1e3 if len(floor_ns) else 0.0
+    pair = float(np.median(pair_ns)) / 1e3 if len(pair_ns) else 0.0
     spread = ((float(np.percentile(floor_ns, 10)) / 1e3, float(np.percentile(floor_ns, 90)) / 1e3)
               if len(floor_ns) else (0.0, 0.0))
     counts = records[:, :, 2].astype(np.float64)
@@ -251,9 +268,9 @@ def build_profile(description: Mapping[str, Any], slots: list[tuple[Scope, int]]
         per_exec_inner = float(np.median(inner / np.maximum(counts[:, k], 1)))
         s = samples(k)
         raw_us = float(np.median(s)) if len(s) else 0.0
-        total = float(np.median(sums[:, k] - floor * (counts[:, k] + inner)))
+        total = float(np.median(sums[:, k] - floor * counts[:, k] - pair * inner))
         entry = {"scope": scope, "id": nid, "kind": node.get("kind", "?"), "name": node.get("name"),
-                 "raw_us": raw_us, "us": max(raw_us - floor * (1 + per_exec_inner), 0.0),
+                 "raw_us": raw_us, "us": max(raw_us - floor - pair * per_exec_inner, 0.0),
                  "total_us": max(total, 0.0), "executions": execs}
         if node.get("kind") == "conditional" and node.get("type") == "while":
             span = index.get((scope + (nid, 0), -1))
@@ -263,7 +280,7 @@ def build_profile(description: Mapping[str, Any], slots: list[tuple[Scope, int]]
                 bs = samples(span)
                 entry["iterations"] = float(np.median(counts[:, span]))
                 entry["per_iteration_us"] = max((float(np.median(bs)) if len(bs) else 0.0)
-                                                - floor * (1 + per_iter), 0.0)
+                                                - floor - pair * per_iter, 0.0)
         raw.append(entry)
     # the critical path of every scope; shares over the top graph's
     on_path: set[tuple[Scope, int]] = set()
@@ -281,8 +298,9 @@ def build_profile(description: Mapping[str, Any], slots: list[tuple[Scope, int]]
     nodes = [NodeTime(share=(e["total_us"] / top_us if top_us > 0 else 0.0),
                       critical=(e["scope"], e["id"]) in on_path, **e) for e in raw]
     return GraphProfile(nodes=nodes, replays=replays, replay_us=replay_us, instrumented_us=instrumented,
-                        floor_us=floor, floor_spread_us=spread, critical_path=top_path, critical_path_us=top_us,
-                        programmatic_edges=programmatic_edges, uninstrumented=list(uninstrumented or []))
+                        floor_us=floor, floor_spread_us=spread, stamp_pair_us=pair, critical_path=top_path, critical_path_us=top_us,
+                        programmatic_edges=programmatic_edges, uninstrumented=list(uninstrumented or []),
+                        notes=list(notes or []))
 
 
 def profile_graph(graph, replays: int = 20, warmup: int = 2, samples: int = 256, stream=None) -> GraphProfile:
@@ -318,14 +336,17 @@ def profile_graph(graph, replays: int = 20, warmup: int = 2, samples: int = 256,
             if r >= warmup:
                 records.append(host)
         pairs = 64
-        calib_buf = zeros(instrument.RECORD_HEAD + pairs, dtype=_dtypes.int64, device=f"cuda:{device}")
+        calib_words = instrument.RECORD_HEAD + pairs
+        calib_buf = zeros(2 * calib_words, dtype=_dtypes.int64, device=f"cuda:{device}")
         calib = instrument.build_calibration(device, start_fn, end_fn, empty_fn, calib_buf.data_ptr(), pairs, pairs)
-        floor = []
+        floor, pair = [], []
         for r in range(4):
             calib_buf.zero_()
             calib.launch(s.handle)
             if r:
-                floor.append(calib_buf.cpu().numpy().view(np.uint64)[instrument.RECORD_HEAD:])
+                host = calib_buf.cpu().numpy().view(np.uint64).reshape(2, calib_words)
+                floor.append(host[0, instrument.RECORD_HEAD:])
+                pair.append(host[1, instrument.RECORD_HEAD:])
         # the graph itself, timed with events: what the instrumentation adds is the difference
         times = []
         begin, end = Event(enable_timing=True), Event(enable_timing=True)
@@ -336,7 +357,8 @@ def profile_graph(graph, replays: int = 20, warmup: int = 2, samples: int = 256,
             end.synchronize()
             if r >= warmup:
                 times.append(begin.elapsed_time(end) * 1e3)
-    slots, pdl_edges, missing = list(copy.slots), copy.programmatic_edges, list(copy.uninstrumented)
+    slots, pdl_edges, missing, notes = (list(copy.slots), copy.programmatic_edges, list(copy.uninstrumented),
+                                        list(copy.notes))
     del copy, calib
-    return build_profile(description, slots, np.stack(records), np.concatenate(floor), statistics.median(times),
-                         pdl_edges, missing)
+    return build_profile(description, slots, np.stack(records), np.concatenate(floor), np.concatenate(pair),
+                         statistics.median(times), pdl_edges, missing, notes)

@@ -31,7 +31,8 @@ DESCRIPTION = {
     "programmatic_edges": [],
 }
 SLOTS = [((), -1), ((), 0), ((), 1), ((), 2), ((), 3), ((1, 0), -1), ((1, 0), 0), ((1, 0), 1)]
-FLOOR_NS = 2000          # what the stamps read around an empty kernel
+FLOOR_NS = 2000          # what a stamp pair reads with nothing between
+PAIR_NS = 3000           # what a stamp pair costs a graph (read around an empty kernel)
 CAP = 16
 
 
@@ -46,14 +47,14 @@ def record(durations_ns, cap=CAP):
 
 def replay_records(iterations=10):
     """One replay: a 10 us, the loop of ``iterations`` x (k 5 us, j 3 us), b 50 us, c 20 us; each
-    reading as the node's time plus the floor, containers also paying the floor per nested stamp pair."""
-    f = FLOOR_NS
+    reading as the node's time plus the floor, containers also paying a pair's cost per nested pair."""
+    f, p = FLOOR_NS, PAIR_NS
     return np.stack([
         record([0]),                                          # the graph's span
         record([10000 + f]),
-        record([iterations * 8000 + f * (1 + 3 * iterations)]),   # its pair, each iteration's three
+        record([iterations * 8000 + f + p * 3 * iterations]),     # each iteration: the span's pair, k's, j's
         record([50000 + f]), record([20000 + f]),
-        record([8000 + 3 * f] * iterations),                  # the body's span: its pair and two nodes'
+        record([8000 + f + 2 * p] * iterations),              # the body's span: the two nodes' pairs inside
         record([5000 + f] * iterations), record([3000 + f] * iterations),
     ])
 
@@ -61,12 +62,14 @@ def replay_records(iterations=10):
 def make_profile(replays=3, iterations=10):
     records = np.stack([replay_records(iterations) for _ in range(replays)])
     floor = np.full(64, FLOOR_NS, np.uint64)
-    return build_profile(DESCRIPTION, SLOTS, records, floor, replay_us=111.0)
+    pair = np.full(64, PAIR_NS, np.uint64)
+    return build_profile(DESCRIPTION, SLOTS, records, floor, pair, replay_us=111.0)
 
 
 def test_records_become_node_times_less_the_floor():
     prof = make_profile()
-    assert prof.floor_us == 2.0 and prof.replays == 3
+    assert prof.floor_us == 2.0 and prof.stamp_pair_us == 3.0 and prof.empty_kernel_us == 1.0
+    assert prof.replays == 3
     a, loop, b, c = (prof.node(i) for i in range(4))
     assert (a.us, b.us, c.us) == (10.0, 50.0, 20.0)
     assert a.raw_us == 12.0 and a.executions == 1
@@ -120,7 +123,8 @@ def test_annotate_and_dot_colour_nodes_by_share():
 
 def test_a_body_not_taken_reads_zero():
     records = np.stack([replay_records(0) for _ in range(2)])
-    prof = build_profile(DESCRIPTION, SLOTS, records, np.full(8, FLOOR_NS, np.uint64), replay_us=80.0)
+    prof = build_profile(DESCRIPTION, SLOTS, records, np.full(8, FLOOR_NS, np.uint64),
+                         np.full(8, PAIR_NS, np.uint64), replay_us=80.0)
     k, j = prof.body((1, 0))
     assert k.executions == 0 and k.total_us == 0 and k.us == 0
     assert prof.node(1).iterations == 0 and prof.node(1).total_us == 0

@@ -7,9 +7,10 @@ that read the GPU's global timer (%globaltimer, ns): a start stamp the node
 depends on, an end stamp that depends on the node and adds the elapsed time
 to the node's record. Each scope (the graph, each body) also gets a span:
 a stamp before its first nodes and one after its last, so a WHILE body's
-span is one iteration. The original edges become edges from the end stamp
-of one node to the start stamp of the next, so the copy keeps the graph's
-order and parallel branches; a programmatic (PDL) edge becomes a full one.
+span is one iteration. Each edge of the graph gets a companion from the end
+stamp of one node to the start stamp of the next, which that node waits for,
+so the copy keeps the graph's order and parallel branches, and a node after
+a programmatic (PDL) edge starts only once the one before it has finished.
 The user's graph and executable are never touched.
 
 A record is ``3 + cap`` 64-bit words: the last start time, the sum of the
@@ -22,6 +23,7 @@ from libc.string cimport memset
 from libcpp.vector cimport vector
 
 from tensorplay._driver.context cimport check, ensure_context
+from tensorplay._driver.context import CudaError
 from tensorplay._driver.launch cimport Function
 
 cdef unsigned int HEAD = 3      # start, sum, count: then the durations
@@ -51,11 +53,16 @@ cdef class InstrumentedCopy:
     cdef readonly int device
     cdef readonly list slots            # record index -> (scope path, node id; -1 for the scope's span)
     cdef readonly int programmatic_edges    # PDL edges made full in the copy
-    cdef readonly list uninstrumented   # (scope path, node id) of conditional nodes whose bodies were not found
+    cdef readonly list uninstrumented   # (scope path, node id) of nodes whose bodies are timed as a whole
+    cdef readonly list notes            # why, for each
+    cdef set skip                       # (scope path, node id) whose bodies are left as they are
+    cdef bint skip_bodies               # leave every body as it is
+    cdef tuple current_body             # the node whose body is being stamped (None: the top graph)
     cdef Function start_fn, end_fn
     cdef uintptr_t records
     cdef unsigned int cap
     cdef cydriver.CUgraph top_clone
+    cdef str stage                      # what was being done, for an error's note
 
     def __cinit__(self):
         self.graph = NULL
@@ -148,6 +155,7 @@ cdef class InstrumentedCopy:
         cdef int slot
         if n == 0:
             return 0
+        self.stage = f"instrumenting scope {scope} ({n} nodes)"
         copies = self.find_clones(original, copy, onodes)
         index = {copies[i]: i for i in range(n)}
         check(cydriver.cuGraphGetEdges(copy, NULL, NULL, NULL, &ne))
@@ -156,7 +164,9 @@ cdef class InstrumentedCopy:
         edata.resize(ne)
         if ne:
             check(cydriver.cuGraphGetEdges(copy, froms.data(), tos.data(), edata.data(), &ne))
-            check(cydriver.cuGraphRemoveDependencies(copy, froms.data(), tos.data(), edata.data(), ne))
+        # the edges stay (removing one is refused in some graphs): the edge
+        # from a node's end stamp to the next node's start stamp, which the
+        # next node waits for, orders the stamps
         has_in = [False] * n
         has_out = [False] * n
         for i in range(ne):
@@ -164,12 +174,14 @@ cdef class InstrumentedCopy:
             has_in[index[<uintptr_t>tos[i]]] = True
             if edata[i].type == cydriver.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC:
                 self.programmatic_edges += 1
+        self.stage = f"stamping the {n} nodes of scope {scope}"
         span_slot = self.new_slot(scope, -1)
         span_start = self.stamp(copy, False, span_slot, NULL, 0)
         starts.resize(n)
         ends.resize(n)
         for i in range(n):
             c = <cydriver.CUgraphNode><uintptr_t>copies[i]
+            self.stage = f"stamping node {i} of scope {scope}"
             slot = self.new_slot(scope, <int>i)
             starts[i] = self.stamp(copy, False, slot, &span_start if not has_in[i] else NULL,
                                    0 if has_in[i] else 1)
@@ -177,6 +189,7 @@ cdef class InstrumentedCopy:
             ends[i] = self.stamp(copy, True, slot, &c, 1)
             if not has_out[i]:
                 leaves.push_back(ends[i])
+        self.stage = f"joining the stamps of scope {scope} along its {ne} edges"
         for i in range(ne):
             check(cydriver.cuGraphAddDependencies(copy, &ends[index[<uintptr_t>froms[i]]],
                                                   &starts[index[<uintptr_t>tos[i]]], NULL, 1))
@@ -185,20 +198,30 @@ cdef class InstrumentedCopy:
         for i in range(n):
             c = <cydriver.CUgraphNode><uintptr_t>copies[i]
             t = node_type(onodes[i])
+            if t != cydriver.CU_GRAPH_NODE_TYPE_GRAPH and t != cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+                continue
+            key = (scope, <int>i)
+            if self.skip_bodies or key in self.skip:
+                continue
             if t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
                 check(cydriver.cuGraphChildGraphNodeGetGraph(onodes[i], &ochild))
                 check(cydriver.cuGraphChildGraphNodeGetGraph(c, &cchild))
-                self.instrument(ochild, cchild, scope + (<int>i, 0), conditionals)
-            elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+                originals, bodies = [<uintptr_t>ochild], [<uintptr_t>cchild]
+            else:
                 info = conditionals.get(<uintptr_t>onodes[i])
-                bodies = self.body_graphs(c, list(info[1])) if info is not None else None
+                originals = list(info[1]) if info is not None else []
+                bodies = self.body_graphs(c, originals) if info is not None else None
                 if bodies is None:
-                    self.uninstrumented.append((scope, <int>i))
+                    self.uninstrumented.append(key)
+                    self.notes.append(f"node {i} of scope {scope}: its bodies were not found in the clone")
                     continue
-                for b, (ob, cb) in enumerate(zip(info[1], bodies)):
-                    if cb:
-                        self.instrument(<cydriver.CUgraph><uintptr_t>ob, <cydriver.CUgraph><uintptr_t>cb,
-                                        scope + (<int>i, b), conditionals)
+            outer = self.current_body
+            self.current_body = key
+            for b, (ob, cb) in enumerate(zip(originals, bodies)):
+                if cb:
+                    self.instrument(<cydriver.CUgraph><uintptr_t>ob, <cydriver.CUgraph><uintptr_t>cb,
+                                    scope + (<int>i, b), conditionals)
+            self.current_body = outer
         return 0
 
     def launch(self, uintptr_t stream):
@@ -213,24 +236,69 @@ def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Func
                             Function end_fn, uintptr_t records, unsigned int cap, size_t max_slots):
     """Clone ``graph`` (with ``conditionals``: node -> (kind, bodies, handle)),
     stamp every node writing records of ``cap`` samples from ``records``
-    (room for ``max_slots``), instantiate and upload it."""
-    cdef InstrumentedCopy ic = InstrumentedCopy.__new__(InstrumentedCopy)
-    ic.device = device
-    ic.slots = []
-    ic.uninstrumented = []
-    ic.programmatic_edges = 0
-    ic.start_fn = start_fn
-    ic.end_fn = end_fn
-    ic.records = records
-    ic.cap = cap
-    ensure_context(device)
-    check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
-    ic.top_clone = ic.graph
-    ic.instrument(<cydriver.CUgraph>graph, ic.graph, (), conditionals)
-    if len(ic.slots) > max_slots:
-        raise RuntimeError(f"profile_nodes: {len(ic.slots)} records needed, {max_slots} allocated")
-    check(cydriver.cuGraphInstantiate(&ic.exec_handle, ic.graph, 0))
-    return ic
+    (room for ``max_slots``) and instantiate it. Where the driver refuses
+    the stamps inside a body, a fresh clone leaves that body as it is (its
+    node is timed as a whole, listed in ``uninstrumented`` with a note);
+    where it refuses to instantiate the copy, one with no body stamped."""
+    cdef InstrumentedCopy ic
+    skip = set()
+    skip_bodies = False
+    notes = []
+    while True:
+        ic = InstrumentedCopy.__new__(InstrumentedCopy)
+        ic.device = device
+        ic.slots = []
+        ic.uninstrumented = []
+        ic.notes = []
+        ic.skip = skip
+        ic.skip_bodies = skip_bodies
+        ic.current_body = None
+        ic.programmatic_edges = 0
+        ic.start_fn = start_fn
+        ic.end_fn = end_fn
+        ic.records = records
+        ic.cap = cap
+        ensure_context(device)
+        ic.stage = "cloning the graph"
+        try:
+            check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
+            ic.top_clone = ic.graph
+            ic.instrument(<cydriver.CUgraph>graph, ic.graph, (), conditionals)
+            if len(ic.slots) > max_slots:
+                raise RuntimeError(f"profile_nodes: {len(ic.slots)} records needed, {max_slots} allocated")
+            ic.stage = f"instantiating the instrumented copy ({len(ic.slots)} records)"
+            check(cydriver.cuGraphInstantiate(&ic.exec_handle, ic.graph, 0))
+        except CudaError as e:
+            if ic.current_body is not None and ic.current_body not in skip:
+                notes.append(f"node {ic.current_body[1]} of scope {ic.current_body[0]}: timed as a whole, "
+                             f"the driver refused stamps in its body ({e.name} while {ic.stage})")
+                skip.add(ic.current_body)
+                continue
+            if ic.stage.startswith("instantiating") and not skip_bodies and any(sc for sc, _ in ic.slots):
+                notes.append(f"every body timed as a whole: the driver refused to instantiate the copy with "
+                             f"stamps in them ({e.name})")
+                skip_bodies = True
+                continue
+            e.add_note(f"profile_nodes: while {ic.stage}")
+            raise
+        ic.notes = notes + ic.notes
+        ic.uninstrumented += sorted(skip)
+        if skip_bodies:
+            ic.uninstrumented += [key for key in _body_holders(graph, conditionals, ())
+                                  if key not in ic.uninstrumented]
+        return ic
+
+
+def _body_holders(uintptr_t graph, dict conditionals, tuple scope):
+    """(scope, id) of the top graph's child graph and conditional nodes."""
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(<cydriver.CUgraph>graph)
+    cdef size_t i
+    out = []
+    for i in range(nodes.size()):
+        t = node_type(nodes[i])
+        if t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH or t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            out.append((scope, <int>i))
+    return out
 
 
 def count_nodes(uintptr_t graph, dict conditionals):
@@ -255,30 +323,34 @@ def count_nodes(uintptr_t graph, dict conditionals):
 
 def build_calibration(int device, Function start_fn, Function end_fn, Function empty_fn,
                       uintptr_t records, unsigned int cap, unsigned int pairs):
-    """A graph of ``pairs`` stamp pairs in a chain, each around one empty
-    kernel, all on record 0: what the profile reads for a node that does
-    nothing (the instrumentation's floor)."""
+    """A chain of ``pairs`` stamp pairs with nothing between them (record 0:
+    what a node's stamps add to it, the floor) then ``pairs`` around one
+    empty kernel (record 1: what a pair of stamps costs a graph in time,
+    taken off the nodes that hold instrumented bodies)."""
     cdef InstrumentedCopy ic = InstrumentedCopy.__new__(InstrumentedCopy)
     cdef cydriver.CUgraphNode prev = NULL, node = NULL
     cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
     cdef unsigned int i
     ic.device = device
-    ic.slots = [((), -1)]
+    ic.slots = [((), -1), ((), -2)]
     ic.uninstrumented = []
     ic.programmatic_edges = 0
     ic.start_fn = start_fn
     ic.end_fn = end_fn
     ic.records = records
     ic.cap = cap
+    ic.stage = "building the calibration graph"
     ensure_context(device)
     check(cydriver.cuGraphCreate(&ic.graph, 0))
     memset(&kp, 0, sizeof(kp))
     kp.func = empty_fn._handle
     kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
     kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
-    for i in range(pairs):
-        prev = ic.stamp(ic.graph, False, 0, &prev if prev != NULL else NULL, 1 if prev != NULL else 0)
-        check(cydriver.cuGraphAddKernelNode(&node, ic.graph, &prev, 1, &kp))
-        prev = ic.stamp(ic.graph, True, 0, &node, 1)
+    for i in range(2 * pairs):
+        prev = ic.stamp(ic.graph, False, i // pairs, &prev if prev != NULL else NULL, 1 if prev != NULL else 0)
+        if i >= pairs:
+            check(cydriver.cuGraphAddKernelNode(&node, ic.graph, &prev, 1, &kp))
+            prev = node
+        prev = ic.stamp(ic.graph, True, i // pairs, &prev, 1)
     check(cydriver.cuGraphInstantiate(&ic.exec_handle, ic.graph, 0))
     return ic
