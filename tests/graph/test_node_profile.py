@@ -56,6 +56,24 @@ def near(value, truth, rel=0.1, abs_us=3.0):
     return abs(value - truth) <= rel * truth + abs_us
 
 
+def counted_while(lib, n, body):
+    """A graph whose WHILE node runs ``body()`` ``n`` times, counted on the
+    device with ``lib``'s tensors (tensorplay or torch, the same calls);
+    returns the graph, the counter and the tensors the graph reads."""
+    count = lib.zeros(1, dtype=lib.int32, device="cuda")
+    limit = lib.full((1,), n, dtype=lib.int32, device="cuda")
+    going = lib.zeros(1, dtype=lib.bool, device="cuda")
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        count.zero_()
+        lib.lt(count, limit, out=going)
+        with g.while_(going):
+            body()
+            count.add_(1)
+            lib.lt(count, limit, out=going)
+    return g, count, (limit, going)
+
+
 def test_known_costs_come_back_as_shares_of_the_replay(spin):
     out = tp.zeros(1, device="cuda")
     src = tp.ones(16 * MIB, device="cuda")          # 64 MiB
@@ -119,17 +137,7 @@ def test_the_users_graph_is_unchanged_by_a_profile(spin):
 
 def test_a_while_bodys_iterations_add_up_to_the_nodes_total(spin):
     out = tp.zeros(1, device="cuda")
-    count = tp.zeros(1, dtype=tp.int32, device="cuda")
-    limit = tp.full((1,), 40, dtype=tp.int32, device="cuda")
-    going = tp.zeros(1, dtype=tp.bool, device="cuda")
-    g = CUDAGraph()
-    with tp.cuda.graph(g):
-        count.zero_()
-        tp.lt(count, limit, out=going)
-        with g.while_(going):
-            spin(15, out)
-            count.add_(1)
-            tp.lt(count, limit, out=going)
+    g, count, _keep = counted_while(tp, 40, lambda: spin(15, out))
     prof = g.profile_nodes(replays=5, samples=64)
     loop = next(n for n in prof.nodes if n.kind == "conditional")
     assert loop.iterations == 40
@@ -191,17 +199,7 @@ def test_a_profile_names_pytorchs_kernels(torch):
 def test_a_profile_reaches_pytorch_kernels_in_a_while_body(torch):
     x = torch.randn(1024, 1024, device="cuda")
     y = torch.empty_like(x)
-    count = torch.zeros(1, dtype=torch.int32, device="cuda")
-    limit = torch.full((1,), 6, dtype=torch.int32, device="cuda")
-    going = torch.zeros(1, dtype=torch.bool, device="cuda")
-    g = CUDAGraph()
-    with tp.cuda.graph(g):
-        count.zero_()
-        torch.lt(count, limit, out=going)
-        with g.while_(going):
-            torch.mm(x, x, out=y)
-            count.add_(1)
-            torch.lt(count, limit, out=going)
+    g, count, _keep = counted_while(torch, 6, lambda: torch.mm(x, x, out=y))
     prof = g.profile_nodes(replays=4)
     loop = next(n for n in prof.nodes if n.kind == "conditional")
     if (loop.scope, loop.id) in prof.uninstrumented:

@@ -232,6 +232,25 @@ cdef class InstrumentedCopy:
             check(cydriver.cuGraphLaunch(self.exec_handle, s))
 
 
+cdef InstrumentedCopy new_copy(int device, Function start_fn, Function end_fn, uintptr_t records, unsigned int cap):
+    """An empty InstrumentedCopy whose stamps write records of ``cap`` samples from ``records``."""
+    cdef InstrumentedCopy ic = InstrumentedCopy.__new__(InstrumentedCopy)
+    ic.device = device
+    ic.slots = []
+    ic.uninstrumented = []
+    ic.notes = []
+    ic.skip = set()
+    ic.skip_bodies = False
+    ic.current_body = None
+    ic.programmatic_edges = 0
+    ic.start_fn = start_fn
+    ic.end_fn = end_fn
+    ic.records = records
+    ic.cap = cap
+    ensure_context(device)
+    return ic
+
+
 def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Function start_fn,
                             Function end_fn, uintptr_t records, unsigned int cap, size_t max_slots):
     """Clone ``graph`` (with ``conditionals``: node -> (kind, bodies, handle)),
@@ -245,20 +264,9 @@ def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Func
     skip_bodies = False
     notes = []
     while True:
-        ic = InstrumentedCopy.__new__(InstrumentedCopy)
-        ic.device = device
-        ic.slots = []
-        ic.uninstrumented = []
-        ic.notes = []
+        ic = new_copy(device, start_fn, end_fn, records, cap)
         ic.skip = skip
         ic.skip_bodies = skip_bodies
-        ic.current_body = None
-        ic.programmatic_edges = 0
-        ic.start_fn = start_fn
-        ic.end_fn = end_fn
-        ic.records = records
-        ic.cap = cap
-        ensure_context(device)
         ic.stage = "cloning the graph"
         try:
             check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
@@ -327,20 +335,12 @@ def build_calibration(int device, Function start_fn, Function end_fn, Function e
     what a node's stamps add to it, the floor) then ``pairs`` around one
     empty kernel (record 1: what a pair of stamps costs a graph in time,
     taken off the nodes that hold instrumented bodies)."""
-    cdef InstrumentedCopy ic = InstrumentedCopy.__new__(InstrumentedCopy)
+    cdef InstrumentedCopy ic = new_copy(device, start_fn, end_fn, records, cap)
     cdef cydriver.CUgraphNode prev = NULL, node = NULL
     cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
     cdef unsigned int i
-    ic.device = device
     ic.slots = [((), -1), ((), -2)]
-    ic.uninstrumented = []
-    ic.programmatic_edges = 0
-    ic.start_fn = start_fn
-    ic.end_fn = end_fn
-    ic.records = records
-    ic.cap = cap
     ic.stage = "building the calibration graph"
-    ensure_context(device)
     check(cydriver.cuGraphCreate(&ic.graph, 0))
     memset(&kp, 0, sizeof(kp))
     kp.func = empty_fn._handle
