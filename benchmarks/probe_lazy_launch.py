@@ -7,8 +7,12 @@ Runs on the GPU machine, from ``benchmarks/``::
 
 Each case is a fresh process with CUDA_MODULE_LOADING set to LAZY or EAGER,
 and one way of getting the kernel: cuModuleLoadData + cuModuleGetFunction,
-the same followed by cuFuncLoad, or cuLibraryLoadData + cuLibraryGetKernel
-(launched as a CUkernel). It captures 100 launches of an empty kernel with
+the same followed by cuFuncLoad, cuLibraryLoadData + cuLibraryGetKernel
+(launched as a CUkernel), the module's kernel launched with programmatic
+stream serialization (cuLaunchKernelEx, as tensorplay launches its own), or
+the module's kernel with 60 other modules loaded and used first (tensorplay
+loads one module per kernel), or the module's kernel with PyTorch's CUDA
+started first in the process (``torch``). It captures 100 launches of an empty kernel with
 raw driver calls (cuda.bindings; the binding costs the same in every mode) and
 prints the median host us of begin capture, the 100 launches, end capture,
 instantiate and destroy, plus 100 launches outside a capture. A difference
@@ -35,6 +39,10 @@ def ok(r):
         raise RuntimeError(str(err))
     return r[1] if isinstance(r, tuple) and len(r) == 2 else r[1:] if isinstance(r, tuple) else None
 
+if how == "torch":
+    import torch
+    torch.zeros(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
 ok(d.cuInit(0))
 dev = ok(d.cuDeviceGet(0))
 ctx = ok(d.cuDevicePrimaryCtxRetain(dev))
@@ -42,6 +50,12 @@ ok(d.cuCtxSetCurrent(ctx))
 major = ok(d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
 minor = ok(d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
 image = compile_cubin('extern "C" __global__ void probe_empty() {}', "probe_empty.cu", (), major * 10 + minor)
+if how == "modules":
+    others = []
+    for i in range(60):
+        src = 'extern "C" __global__ void probe_other_%d() {}' % i
+        m = ok(d.cuModuleLoadData(compile_cubin(src, "probe_other_%d.cu" % i, (), major * 10 + minor)))
+        others.append((m, ok(d.cuModuleGetFunction(m, b"probe_other_%d" % i))))
 if how == "library":
     lib = ok(d.cuLibraryLoadData(image, None, None, 0, None, None, 0))
     # a CUkernel is launched through cuLaunchKernel as a CUfunction
@@ -57,6 +71,25 @@ mode_global = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
 def launch():
     ok(d.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0))
+
+if how == "pdl":
+    config = d.CUlaunchConfig()
+    config.gridDimX = config.gridDimY = config.gridDimZ = 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = 32, 1, 1
+    config.sharedMemBytes = 0
+    config.hStream = stream
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config.attrs = [attr]
+    config.numAttrs = 1
+
+    def launch():
+        ok(d.cuLaunchKernelEx(config, f, None, None))
+if how == "modules":
+    for _, other in others:
+        ok(d.cuLaunchKernel(other, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0))
+    ok(d.cuStreamSynchronize(stream))
 
 cols = {k: [] for k in ("begin", "launch 100", "end", "instantiate", "destroy", "eager 100")}
 for rep in range(repeats + 20):
@@ -86,7 +119,7 @@ def main():
     cols = ("begin", "launch 100", "end", "instantiate", "destroy", "eager 100")
     print(f"{'loading':8} {'kernel':9} {'mode':>22} " + " ".join(f"{c:>11}" for c in cols) + "  (median host us)")
     for loading in ("EAGER", "LAZY"):
-        for how in ("module", "funcload", "library"):
+        for how in ("module", "funcload", "library", "pdl", "modules", "torch"):
             env = dict(os.environ, CUDA_MODULE_LOADING=loading)
             p = subprocess.run([sys.executable, "-c", CASE, how, str(args.repeats)], capture_output=True,
                                text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
