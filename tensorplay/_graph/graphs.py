@@ -310,9 +310,9 @@ class CUDAGraph(CUDAGraphBase):
                       stream: StreamLike | None = None) -> _node_profile.GraphProfile:
         """The GPU time of each node of the graph's replays, as a :class:`GraphProfile`.
 
-        Replays ``warmup + replays`` times, on ``stream``, a copy of the graph
-        with a timestamp kernel around every node (bodies, child graphs too);
-        the graph itself replays only to be timed whole. ``samples``: the
+        Replays ``warmup + replays`` times, on ``stream``, an executable of the
+        graph with a timestamp kernel around every node (bodies, child graphs
+        too); the graph's own replays only to be timed whole. ``samples``: the
         executions kept per node and replay (a WHILE body's first ones).
         """
         return _node_profile.profile_graph(self, replays, warmup, samples, stream)

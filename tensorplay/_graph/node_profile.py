@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-node GPU time of a graph's replays: ``CUDAGraph.profile_nodes()``.
 
-The graph is cloned and every node, at every depth, is put between two
-one-thread kernels that read the GPU's global timer (see
-``tensorplay._graph.instrument``); the copy is replayed, never the user's
-executable. What a node's stamps read is its time (its own launch after the
+Every node of the captured graph, at every depth, is put between two
+one-thread kernels that read the GPU's global timer, a second executable is
+instantiated, and the stamps are removed from the graph again (see
+``tensorplay._graph.instrument``: the driver clones no graph with
+conditional nodes); that executable is replayed, never the user's. What a node's stamps read is its time (its own launch after the
 node before it included, as in a replay) plus what the stamps add: the
 *floor*, read on stamp pairs with nothing between them, is taken off every
 node. Inside a child graph or a conditional body the copy's stamps also
@@ -206,7 +207,8 @@ def _longest_path(ids: list[int], edges: list[list[int]], weight: Mapping[int, f
     prev: dict[int, int | None] = dict.fromkeys(ids)
     for i in order:
         for j in succ[i]:
-            if best[i] + weight.get(j, 0.0) > best[j]:
+            # the first predecessor always counts: a node of no time stays on the path
+            if prev[j] is None or best[i] + weight.get(j, 0.0) > best[j]:
                 best[j] = best[i] + weight.get(j, 0.0)
                 prev[j] = i
     if not ids:
@@ -315,7 +317,7 @@ def profile_graph(graph, replays: int = 20, warmup: int = 2, samples: int = 256,
     s = stream_of(stream, device)
     if s.device_index != device:
         raise ValueError(f"profile_nodes: the graph belongs to cuda:{device}, the stream to cuda:{s.device_index}")
-    # the copy's clone, instantiate and launches would break a capture open on any stream
+    # the stamps, the instantiation and the launches would break a capture open on any stream
     if is_stream_capturing(s.handle, device) or open_captures():
         raise RuntimeError(f"profile_nodes: refused while capturing ({describe_open_captures() or 'the stream is'}"
                            f"); profile a graph outside any capture")

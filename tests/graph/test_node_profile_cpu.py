@@ -11,7 +11,7 @@ import pytest
 
 import tensorplay as tp
 from tensorplay._graph.dot import heat
-from tensorplay._graph.node_profile import build_profile
+from tensorplay._graph.node_profile import _longest_path, build_profile
 from tensorplay.cuda import CUDAGraph
 from tensorplay.cuda.graphs import GraphProfile
 
@@ -144,3 +144,10 @@ def test_bad_arguments_are_refused_before_any_gpu_work(kwargs, error, match):
 def test_an_empty_graph_has_nothing_to_profile():
     with pytest.raises(RuntimeError, match="profile_nodes: nothing to replay"):
         CUDAGraph().profile_nodes()
+
+
+def test_a_node_of_no_time_stays_on_the_critical_path():
+    # an empty node (0 us) -> a (10 us) -> b (5 us); c (12 us) beside them
+    path, length = _longest_path([0, 1, 2, 3], [[0, 1], [1, 2]], {0: 0.0, 1: 10.0, 2: 5.0, 3: 12.0})
+    assert path == [0, 1, 2] and length == 15.0
+    assert _longest_path([], [], {}) == ([], 0.0)
