@@ -74,24 +74,26 @@ def warm(f, *args):
     return r
 
 
-def counted_loop(body, iterations, after=None):
+def counted_loop(body, iterations, after=None, lib=tp):
     """(graph, counter, limit): a graph running ``body()`` in a WHILE node
     while the counter is below the limit (a device int32, first
-    ``iterations``), then ``after(counter)``."""
-    c = tp.zeros(1, dtype=tp.int32, device="cuda")
-    lim = tp.full((1,), iterations, dtype=tp.int32, device="cuda")
-    p = tp.zeros(1, dtype=tp.bool, device="cuda")
-    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
+    ``iterations``), then ``after(counter)``. ``lib`` makes the counting
+    tensors: tensorplay, or torch (the same calls)."""
+    c = lib.zeros(1, dtype=lib.int32, device="cuda")
+    lim = lib.full((1,), iterations, dtype=lib.int32, device="cuda")
+    p = lib.zeros(1, dtype=lib.bool, device="cuda")
+    warm(lambda: (c.add_(1), lib.lt(c, lim, out=p)))
     g = tp.cuda.CUDAGraph()
     with tp.cuda.graph(g):
         c.zero_()
-        tp.lt(c, lim, out=p)
+        lib.lt(c, lim, out=p)
         with g.while_(p):
             body()
             c.add_(1)
-            tp.lt(c, lim, out=p)
+            lib.lt(c, lim, out=p)
         if after is not None:
             after(c)
+    g.counting_tensors = (c, lim, p)    # torch's allocator reuses what nothing references
     return g, c, lim
 
 

@@ -12,6 +12,7 @@ import tensorplay as tp
 from tensorplay.cuda import CUDAGraph
 from tensorplay.cuda.graphs import GraphProfile
 
+from helpers import counted_loop
 from helpers import torch_cuda as torch  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.cuda
@@ -54,24 +55,6 @@ def event_us(fn, reps=20):
 
 def near(value, truth, rel=0.1, abs_us=3.0):
     return abs(value - truth) <= rel * truth + abs_us
-
-
-def counted_while(lib, n, body):
-    """A graph whose WHILE node runs ``body()`` ``n`` times, counted on the
-    device with ``lib``'s tensors (tensorplay or torch, the same calls);
-    returns the graph, the counter and the tensors the graph reads."""
-    count = lib.zeros(1, dtype=lib.int32, device="cuda")
-    limit = lib.full((1,), n, dtype=lib.int32, device="cuda")
-    going = lib.zeros(1, dtype=lib.bool, device="cuda")
-    g = CUDAGraph()
-    with tp.cuda.graph(g):
-        count.zero_()
-        lib.lt(count, limit, out=going)
-        with g.while_(going):
-            body()
-            count.add_(1)
-            lib.lt(count, limit, out=going)
-    return g, count, (limit, going)
 
 
 def test_known_costs_come_back_as_shares_of_the_replay(spin):
@@ -139,7 +122,7 @@ def test_the_users_graph_is_unchanged_by_a_profile(spin):
 
 def test_a_while_bodys_iterations_add_up_to_the_nodes_total(spin):
     out = tp.zeros(1, device="cuda")
-    g, count, _keep = counted_while(tp, 40, lambda: spin(15, out))
+    g, count, _ = counted_loop(lambda: spin(15, out), 40)
     desc = g.describe()
     prof = g.profile_nodes(replays=5, samples=64)
     assert g.describe() == desc                    # no stamp left in the body or around the node
@@ -204,7 +187,7 @@ def test_a_profile_names_pytorchs_kernels(torch):
 def test_a_profile_reaches_pytorch_kernels_in_a_while_body(torch):
     x = torch.randn(1024, 1024, device="cuda")
     y = torch.empty_like(x)
-    g, count, _keep = counted_while(torch, 6, lambda: torch.mm(x, x, out=y))
+    g, count, _ = counted_loop(lambda: torch.mm(x, x, out=y), 6, lib=torch)
     prof = g.profile_nodes(replays=4)
     loop = next(n for n in prof.nodes if n.kind == "conditional")
     assert prof.uninstrumented == [] and loop.iterations == 6
