@@ -8,7 +8,7 @@ instantiated, and the stamps are removed from the graph again (see
 conditional nodes); that executable is replayed, never the user's. What a node's stamps read is its time (its own launch after the
 node before it included, as in a replay) plus what the stamps add: the
 *floor*, read on stamp pairs with nothing between them, is taken off every
-node. Inside a child graph or a conditional body the copy's stamps also
+node. Inside a child graph or a conditional body the profile's stamps also
 run; what a stamp pair costs (read around an empty kernel) is taken off the
 enclosing node's time for each pair that ran inside it.
 
@@ -84,7 +84,7 @@ class GraphProfile:
     Attributes: ``nodes`` (a :class:`NodeTime` per node at every depth, in
     graph order), ``replays``; ``replay_us`` (median GPU time of a replay of
     the graph itself, CUDA events) and ``instrumented_us`` (of the
-    instrumented copy, its own stamps); ``floor_us`` (what a pair of stamps
+    instrumented executable, its own stamps); ``floor_us`` (what a pair of stamps
     reads with nothing between them, taken off every node) and
     ``floor_spread_us`` (its 10th to 90th percentile: a node shorter than
     that spread is within the noise); ``stamp_pair_us`` (what a pair of
@@ -92,8 +92,8 @@ class GraphProfile:
     ``empty_kernel_us`` (what an empty kernel reads: the least a kernel node
     costs a replay); ``critical_path`` (ids of the top graph's nodes on its
     longest path by time) and ``critical_path_us``; ``programmatic_edges``
-    (PDL edges the copy made full edges: each kernel is timed alone, without
-    overlap with the one before); ``uninstrumented`` ((scope, id) of child
+    (PDL edges whose next kernel the stamps make wait for the whole one
+    before: each kernel is timed alone, without overlap); ``uninstrumented`` ((scope, id) of child
     graph and conditional nodes whose bodies were left unstamped, timed as a
     whole) and ``notes`` (why).
     """
@@ -137,7 +137,7 @@ class GraphProfile:
             if n.iterations is not None:
                 lines.append(f"{'':<4}{n.iterations:g} iterations, {n.per_iteration_us:.2f} us each")
         if self.programmatic_edges:
-            lines.append(f"{self.programmatic_edges} PDL edge(s) made full edges in the copy: each kernel is "
+            lines.append(f"{self.programmatic_edges} PDL edge(s) made full edges by the stamps: each kernel is "
                          f"timed alone, so the sum of the times exceeds the replay's")
         lines += self.notes
         lines.append("* on the critical path")
@@ -226,7 +226,7 @@ def build_profile(description: Mapping[str, Any], slots: list[tuple[Scope, int]]
                   floor_ns: np.ndarray, pair_ns: np.ndarray, replay_us: float, programmatic_edges: int = 0,
                   uninstrumented: list[tuple[Scope, int]] | None = None,
                   notes: list[str] | None = None) -> GraphProfile:
-    """Turn the records read back from the instrumented copy into a profile.
+    """Turn the records read back from the instrumented executable into a profile.
 
     ``records`` has shape (replays, len(slots), 3 + cap): for each record its
     last start, sum of durations, count and first ``cap`` durations (ns), as

@@ -12,7 +12,7 @@ depends on the node and adds the elapsed time to the node's record. Each scope (
 a stamp before its first nodes and one after its last, so a WHILE body's
 span is one iteration. Each edge of the graph gets a companion from the end
 stamp of one node to the start stamp of the next, which that node waits for,
-so the copy keeps the graph's order and parallel branches, and a node after
+so the stamps keep the graph's order and parallel branches, and a node after
 a programmatic (PDL) edge starts only once the one before it has finished.
 
 A record is ``3 + cap`` 64-bit words: the last start time, the sum of the

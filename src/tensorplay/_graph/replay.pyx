@@ -467,7 +467,7 @@ cdef class ReplayBase:
 
     def _profile_source(self, str what="profile_nodes"):
         """The captured graph (as an int) and its conditional nodes' bodies,
-        for the node profile's instrumented copy; refused as replay() is."""
+        for the node profile's instrumented executable; refused as replay() is."""
         if self._cur.handle == NULL:
             self._replay_error(what)
         if self._cur.pool is not None and self._cur.pool.asleep:
