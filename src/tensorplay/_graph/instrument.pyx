@@ -56,7 +56,7 @@ cdef class InstrumentedCopy:
     cdef readonly list slots            # record index -> (scope path, node id; -1 for the scope's span)
     cdef readonly int programmatic_edges    # PDL edges whose next kernel waits for the whole one before
     cdef readonly list uninstrumented   # (scope path, node id) of nodes whose bodies are timed as a whole
-    cdef readonly list notes            # why, for each; and stamps that could not be removed
+    cdef readonly list notes            # why, for each
     cdef list added                     # the stamp nodes added to the captured graph, removed after instantiation
     cdef Function start_fn, end_fn
     cdef uintptr_t records
@@ -166,9 +166,9 @@ cdef class InstrumentedCopy:
                     self.instrument(<cydriver.CUgraph><uintptr_t>body, scope + (<int>i, b), conditionals)
         return 0
 
-    cdef void remove_stamps(self) noexcept:
+    cdef int remove_stamps(self) noexcept:
         """Destroy every stamp added to the captured graph (with its edges),
-        last first; one that cannot be destroyed is noted, never raised."""
+        last first; returns how many could not be destroyed (never raises)."""
         cdef Py_ssize_t k
         cdef int failed = 0
         try:
@@ -177,10 +177,9 @@ cdef class InstrumentedCopy:
                         cydriver.CUDA_SUCCESS:
                     failed += 1
             self.added = []
-            if failed:
-                self.notes.append(f"{failed} stamp node(s) could not be removed from the captured graph")
         except BaseException:
-            pass
+            failed = max(failed, 1)
+        return failed
 
     def launch(self, uintptr_t stream):
         """Launch the instrumented executable on ``stream``."""
@@ -203,6 +202,7 @@ cdef InstrumentedCopy new_copy(int device, Function start_fn, Function end_fn, u
     ic.end_fn = end_fn
     ic.records = records
     ic.cap = cap
+    ic.stage = "reading the graph"
     ensure_context(device)
     return ic
 
@@ -214,18 +214,51 @@ def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Func
     (room for ``max_slots``), instantiate an executable of it, and remove
     the stamps again, whatever happened."""
     cdef InstrumentedCopy ic = new_copy(device, start_fn, end_fn, records, cap)
+    cdef int failed
+    if has_memory_nodes(<cydriver.CUgraph>graph, conditionals):
+        # the driver allows such a graph one executable, and destroys none of its nodes
+        raise RuntimeError("profile_nodes: the graph holds memory allocation or free nodes (stream-ordered "
+                           "allocations captured, e.g. PyTorch's cudaMallocAsync backend); the driver lets such "
+                           "a graph have one executable and no node removed, so it cannot be profiled")
     try:
         ic.instrument(<cydriver.CUgraph>graph, (), conditionals)
         if len(ic.slots) > max_slots:
             raise RuntimeError(f"profile_nodes: {len(ic.slots)} records needed, {max_slots} allocated")
         ic.stage = f"instantiating the instrumented graph ({len(ic.slots)} records)"
         check(cydriver.cuGraphInstantiate(&ic.exec_handle, <cydriver.CUgraph>graph, 0))
-    except CudaError as e:
-        e.add_note(f"profile_nodes: while {ic.stage}")
+    except BaseException as e:
+        failed = ic.remove_stamps()
+        if isinstance(e, CudaError):
+            e.add_note(f"profile_nodes: while {ic.stage}")
+        if failed:
+            e.add_note(f"profile_nodes: {failed} stamp node(s) could not be removed from the captured graph")
         raise
-    finally:
-        ic.remove_stamps()
+    failed = ic.remove_stamps()
+    if failed:
+        raise RuntimeError(f"profile_nodes: {failed} stamp node(s) could not be removed from the captured graph; "
+                           f"describe() shows them")
     return ic
+
+
+cdef bint has_memory_nodes(cydriver.CUgraph g, dict conditionals) except -1:
+    """Whether ``g``, at any depth, holds a memory allocation or free node."""
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(g)
+    cdef cydriver.CUgraph child = NULL
+    cdef size_t i
+    for i in range(nodes.size()):
+        t = node_type(nodes[i])
+        if t == cydriver.CU_GRAPH_NODE_TYPE_MEM_ALLOC or t == cydriver.CU_GRAPH_NODE_TYPE_MEM_FREE:
+            return True
+        if t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+            check(cydriver.cuGraphChildGraphNodeGetGraph(nodes[i], &child))
+            if has_memory_nodes(child, conditionals):
+                return True
+        elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            info = conditionals.get(<uintptr_t>nodes[i])
+            for body in (info[1] if info is not None else ()):
+                if has_memory_nodes(<cydriver.CUgraph><uintptr_t>body, conditionals):
+                    return True
+    return False
 
 
 def count_nodes(uintptr_t graph, dict conditionals):
