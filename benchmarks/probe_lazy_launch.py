@@ -22,10 +22,9 @@ between LAZY and EAGER in a column is the driver's, not tensorplay's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
+
+from tpbench.common import run_fresh
 
 CASE = r"""
 import json, statistics, sys, time
@@ -120,12 +119,9 @@ def main():
     print(f"{'loading':8} {'kernel':9} {'mode':>22} " + " ".join(f"{c:>11}" for c in cols) + "  (median host us)")
     for loading in ("EAGER", "LAZY"):
         for how in ("module", "funcload", "library", "pdl", "modules", "torch"):
-            env = dict(os.environ, CUDA_MODULE_LOADING=loading)
-            p = subprocess.run([sys.executable, "-c", CASE, how, str(args.repeats)], capture_output=True,
-                               text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
-            r = next((json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("RESULT")), None)
+            r, failure = run_fresh(CASE, [how, str(args.repeats)], dict(os.environ, CUDA_MODULE_LOADING=loading))
             if r is None:
-                print(f"{loading:8} {how:9} failed: {p.stderr[-400:]}")
+                print(f"{loading:8} {how:9} failed: {failure}")
                 continue
             print(f"{loading:8} {how:9} {r['mode']:>22} " + " ".join(f"{r[c]:11.1f}" for c in cols))
 

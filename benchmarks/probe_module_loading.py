@@ -17,10 +17,9 @@ adds for tensorplay and PyTorch, and of 100 eager adds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
+
+from tpbench.common import run_fresh
 
 CASE = r"""
 import json, statistics, sys, time
@@ -95,11 +94,9 @@ def main():
         env.pop("CUDA_MODULE_LOADING", None)
         if loading is not None:
             env["CUDA_MODULE_LOADING"] = loading
-        p = subprocess.run([sys.executable, "-c", CASE, order, extra, str(args.repeats)], capture_output=True,
-                           text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
-        r = next((json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("RESULT")), None)
+        r, failure = run_fresh(CASE, [order, extra, str(args.repeats)], env)
         if r is None:
-            print(f"{loading or 'unset':8} {order:12} {extra:5} failed: {p.stderr[-400:]}")
+            print(f"{loading or 'unset':8} {order:12} {extra:5} failed: {failure}")
             continue
         print(f"{loading or 'unset':8} {order:12} {extra:5} {r['mode']:>22} {r['torch start ms']:9.0f} "
               f"{r['used MiB']:9.0f} {r['tp capture 100']:9.1f} {r['tp eager 100']:9.1f} "

@@ -17,10 +17,9 @@ capture on), sorted by own time: what a capture pays for following PyTorch.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
+
+from tpbench.common import run_fresh
 
 CASE = r"""
 import json, statistics, sys, time
@@ -93,13 +92,10 @@ def run_case(imports, foreign, repeats, profile=False, top=30, nodes=1, loading=
     env = dict(os.environ)
     if loading is not None:
         env["CUDA_MODULE_LOADING"] = loading
-    p = subprocess.run([sys.executable, "-c", CASE, imports, foreign, str(repeats), "1" if profile else "0", str(top),
-                        str(nodes)],
-                       capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)), env=env)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT"):
-            return json.loads(line[6:])
-    raise RuntimeError(f"case {imports}/{foreign} failed:\n{p.stdout}\n{p.stderr}")
+    r, failure = run_fresh(CASE, [imports, foreign, str(repeats), "1" if profile else "0", str(top), str(nodes)], env)
+    if r is None:
+        raise RuntimeError(f"case {imports}/{foreign} failed:\n{failure}")
+    return r
 
 
 def main():

@@ -13,7 +13,8 @@
 - Memory and checks: ``settle``, ``mib``, ``size_label``, ``TOLERANCE``,
   ``as_torch``, ``relative_error``, ``check_against``, ``to_library``.
 - Setup: ``gpu_and_torch`` (what a script needs before it starts),
-  ``decode_loop_module`` (examples/decode_loop.py).
+  ``decode_loop_module`` (examples/decode_loop.py), ``run_fresh`` (a probe's
+  case in a fresh interpreter, its RESULT line read back).
 
 Section modules import this module (and ``workloads``), never each other.
 """
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -406,3 +408,16 @@ def decode_loop_module():
     finally:
         sys.path.remove(EXAMPLES)
     return decode_loop
+
+
+def run_fresh(case, args, env=None):
+    """Run the Python source ``case`` with ``args`` (strings) in a fresh
+    interpreter, from benchmarks/, in ``env`` (default this one's); return
+    (the dict it printed as ``RESULT<json>``, None), or (None, its output's
+    tail) when it printed none."""
+    p = subprocess.run([sys.executable, "-c", case, *args], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return json.loads(line[6:]), None
+    return None, (p.stdout[-400:] + p.stderr[-800:])
