@@ -319,9 +319,10 @@ def test_a_recompilation_inside_a_capture_is_refused(torch):
     f(torch.randn(1024, device="cuda"))
     torch.cuda.synchronize()
     g = CUDAGraph()
+    wide = torch.randn(1024, 3, device="cuda")       # drawn outside: PyTorch's random ops are refused inside
     with pytest.raises(tp.cuda.CompileInCaptureError, match="recompilation"):
         with tp.cuda.graph(g):
-            f(torch.randn(1024, 3, device="cuda"))   # a new shape: Dynamo recompiles
+            f(wide)                                  # a new shape: Dynamo recompiles
     assert not g.is_capturing
     y = torch.randn(512, device="cuda")
     f(y)

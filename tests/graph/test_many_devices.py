@@ -24,7 +24,9 @@ N = 1 << 16
 
 def _capture_on_threads(devices, make):
     """Capture ``make(i, dev)`` on one thread per entry of ``devices``, both
-    captures open at once (thread_local); (graph, out, x) per thread."""
+    captures open at once (thread_local); (graph, out, x) per thread. Each
+    thread warms up before any capture opens: a warm-up synchronizes its
+    device, which a capture open on another thread of that device refuses."""
     barrier = threading.Barrier(len(devices), timeout=60)
     results, errors = [None] * len(devices), []
 
@@ -33,6 +35,7 @@ def _capture_on_threads(devices, make):
             with tp.cuda.device(dev):
                 x = tp.arange(N, dtype=tp.float32, device="cuda")
                 warm(make, i, x)
+                barrier.wait()                      # every thread is warm
                 g = CUDAGraph()
                 with tp.cuda.graph(g, capture_error_mode="thread_local"):
                     barrier.wait()                  # every capture is open

@@ -107,7 +107,7 @@ def test_the_users_graph_is_unchanged_by_a_profile(spin):
     desc = g.describe()
     before = event_us(g.replay)
     g.profile_nodes(replays=5, warmup=1)
-    assert g.describe() == desc                    # the stamps are gone from the captured graph
+    assert g.describe() == desc                    # no stamp went into the captured graph
     # the profile ran the instrumented executable 6 times and the graph itself 6 more
     assert g.num_nodes == nodes and g.exec_handle == handle
     out.zero_()
@@ -165,6 +165,46 @@ def test_a_profile_reaches_into_if_bodies_and_child_graphs(spin):
     prof = g.profile_nodes(replays=3)
     (in_if,) = [n for n in prof.body((cond, 0)) if n.name == "spin_ns"]
     assert in_if.executions == 0 and in_if.total_us == 0
+
+
+def test_a_profile_of_switch_and_if_else_times_the_case_taken_and_leaves_the_graph_branching(spin):
+    """A graph with conditional nodes is profiled on a copy with handles of
+    its own: the case the index selects is timed, the others not run, and
+    the graph itself still follows its own predicate and index after."""
+    out = tp.zeros(3, device="cuda")
+    index = tp.tensor([1], dtype=tp.int32, device="cuda")
+    pred = tp.zeros(1, dtype=tp.bool, device="cuda")
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        with g.switch(index, 3) as cases:
+            for k, us in enumerate((10, 30, 50)):
+                with cases[k]:
+                    spin(us, out[k:])
+        with g.if_else(pred) as (then, otherwise):
+            with then:
+                spin(40, out[2:])
+            with otherwise:
+                spin(20, out[2:])
+    desc = g.describe()
+    prof = g.profile_nodes(replays=4)
+    assert g.describe() == desc
+    sw, ie = [i for i, n in enumerate(desc["nodes"]) if n["kind"] == "conditional"]
+    taken = [[n for n in prof.body((sw, k)) if n.name == "spin_ns"][0] for k in range(3)]
+    assert [n.executions > 0 for n in taken] == [False, True, False]
+    assert near(taken[1].us, 30) and near(prof.node(sw).total_us, 30, abs_us=6)
+    then_spin, else_spin = ([n for n in prof.body((ie, b)) if n.name == "spin_ns"][0] for b in (0, 1))
+    assert then_spin.executions == 0 and near(else_spin.us, 20)
+    # the graph's own executable still reads its own index and predicate
+    out.zero_()
+    index.fill_(2)
+    pred.fill_(True)
+    g.replay()
+    assert out.tolist() == [0.0, 0.0, 2.0]
+    index.fill_(0)
+    pred.fill_(False)
+    out.zero_()
+    g.replay()
+    assert out.tolist() == [1.0, 0.0, 1.0]
 
 
 def test_a_profile_names_pytorchs_kernels(torch):

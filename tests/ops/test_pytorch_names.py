@@ -537,6 +537,7 @@ def fake_gpu(monkeypatch):
     for mod in (_scan, _sorting, _softmax, _reduce, _elementwise, _indexing):
         monkeypatch.setattr(mod, "empty", lambda shape, dtype=None, device=None: fake(shape, dtype))
     monkeypatch.setattr(_indexing, "_flag", lambda dev: fake((1,), tp.int32))
+    monkeypatch.setattr(_indexing, "_pending", set())     # no real flag stays due for a check
     return fake, sources, launches
 
 

@@ -1,19 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The instrumented executable a node profile replays (CUDAGraph.profile_nodes).
+"""The instrumented copy a node profile replays (CUDAGraph.profile_nodes).
 
-The driver clones no graph with conditional nodes, so the stamps go into the
-captured graph itself, for as long as it takes to instantiate a second
-executable from it, and are removed again (cuGraphDestroyNode): the graph's
-own nodes, their handles and edges, and its executable are left as they
-were. Every node, at every depth (child graphs, conditional bodies), sits
+The stamps go into a copy of the captured graph, never into the graph
+itself: the driver's clone (cuGraphClone) where it can make one, and where
+the graph has conditional nodes, which the driver neither clones nor
+instantiates twice, a copy built node by node with conditional handles of its
+own (tensorplay's set-conditional kernels are given the copy's handles).
+Every node, at every depth (child graphs, conditional bodies), sits
 between two timestamp kernels that read the GPU's global timer
 (%globaltimer, ns): a start stamp the node depends on, an end stamp that
-depends on the node and adds the elapsed time to the node's record. Each scope (the graph, each body) also gets a span:
-a stamp before its first nodes and one after its last, so a WHILE body's
-span is one iteration. Each edge of the graph gets a companion from the end
-stamp of one node to the start stamp of the next, which that node waits for,
-so the stamps keep the graph's order and parallel branches, and a node after
-a programmatic (PDL) edge starts only once the one before it has finished.
+depends on the node and adds the elapsed time to the node's record. Each
+scope (the graph, each body) also gets a span: a stamp before its first
+nodes and one after its last, so a WHILE body's span is one iteration. Each
+edge of the graph gets a companion from the end stamp of one node to the
+start stamp of the next, which that node waits for, so the stamps keep the
+graph's order and parallel branches, and a node after a programmatic (PDL)
+edge starts only once the one before it has finished.
 
 A record is ``3 + cap`` 64-bit words: the last start time, the sum of the
 durations, the number of executions, then the first ``cap`` durations.
@@ -21,12 +23,13 @@ durations, the number of executions, then the first ``cap`` durations.
 
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 
-from tensorplay._driver.context cimport check, ensure_context
+from tensorplay._driver.context cimport check, ensure_context, primary_context
 from tensorplay._driver.context import CudaError
 from tensorplay._driver.launch cimport Function
+from tensorplay._graph.rebind cimport ARGS_UNREADABLE, read_kernel_args
 
 cdef unsigned int HEAD = 3      # start, sum, count: then the durations
 RECORD_HEAD = HEAD
@@ -50,14 +53,13 @@ cdef cydriver.CUgraphNodeType node_type(cydriver.CUgraphNode node) except *:
 
 cdef class InstrumentedCopy:
     """The instrumented executable and what each record measures."""
-    cdef cydriver.CUgraph graph         # a graph of its own (the calibration's), or NULL
+    cdef cydriver.CUgraph graph         # the stamped copy (or the calibration graph), destroyed with it
     cdef cydriver.CUgraphExec exec_handle
     cdef readonly int device
     cdef readonly list slots            # record index -> (scope path, node id; -1 for the scope's span)
     cdef readonly int programmatic_edges    # PDL edges whose next kernel waits for the whole one before
     cdef readonly list uninstrumented   # (scope path, node id) of nodes whose bodies are timed as a whole
     cdef readonly list notes            # why, for each
-    cdef list added                     # the stamp nodes added to the captured graph, removed after instantiation
     cdef Function start_fn, end_fn
     cdef uintptr_t records
     cdef unsigned int cap
@@ -92,7 +94,6 @@ cdef class InstrumentedCopy:
         kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
         kp.kernelParams = args
         check(cydriver.cuGraphAddKernelNode(&node, g, deps, ndeps, &kp))
-        self.added.append(<uintptr_t>node)
         return node
 
     cdef int new_slot(self, tuple scope, int node_id):
@@ -166,21 +167,6 @@ cdef class InstrumentedCopy:
                     self.instrument(<cydriver.CUgraph><uintptr_t>body, scope + (<int>i, b), conditionals)
         return 0
 
-    cdef int remove_stamps(self) noexcept:
-        """Destroy every stamp added to the captured graph (with its edges),
-        last first; returns how many could not be destroyed (never raises)."""
-        cdef Py_ssize_t k
-        cdef int failed = 0
-        try:
-            for k in range(len(self.added) - 1, -1, -1):
-                if cydriver.cuGraphDestroyNode(<cydriver.CUgraphNode><uintptr_t>self.added[k]) != \
-                        cydriver.CUDA_SUCCESS:
-                    failed += 1
-            self.added = []
-        except BaseException:
-            failed = max(failed, 1)
-        return failed
-
     def launch(self, uintptr_t stream):
         """Launch the instrumented executable on ``stream``."""
         cdef cydriver.CUstream s = <cydriver.CUstream>stream
@@ -196,7 +182,6 @@ cdef InstrumentedCopy new_copy(int device, Function start_fn, Function end_fn, u
     ic.slots = []
     ic.uninstrumented = []
     ic.notes = []
-    ic.added = []
     ic.programmatic_edges = 0
     ic.start_fn = start_fn
     ic.end_fn = end_fn
@@ -209,35 +194,194 @@ cdef InstrumentedCopy new_copy(int device, Function start_fn, Function end_fn, u
 
 def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Function start_fn,
                             Function end_fn, uintptr_t records, unsigned int cap, size_t max_slots):
-    """Stamp every node of ``graph`` (with ``conditionals``: node -> (kind,
-    bodies, handle)) writing records of ``cap`` samples from ``records``
-    (room for ``max_slots``), instantiate an executable of it, and remove
-    the stamps again, whatever happened."""
+    """A copy of ``graph`` (with ``conditionals``: node -> (kind, bodies,
+    handle)) with every node stamped, writing records of ``cap`` samples
+    from ``records`` (room for ``max_slots``), and its executable."""
     cdef InstrumentedCopy ic = new_copy(device, start_fn, end_fn, records, cap)
-    cdef int failed
+    cdef dict copied_conditionals = {}
     if has_memory_nodes(<cydriver.CUgraph>graph, conditionals):
-        # the driver allows such a graph one executable, and destroys none of its nodes
+        # the driver clones no such graph and allows it one executable
         raise RuntimeError("profile_nodes: the graph holds memory allocation or free nodes (stream-ordered "
                            "allocations captured, e.g. PyTorch's cudaMallocAsync backend); the driver lets such "
-                           "a graph have one executable and no node removed, so it cannot be profiled")
+                           "a graph have one executable and copies none, so it cannot be profiled")
     try:
-        ic.instrument(<cydriver.CUgraph>graph, (), conditionals)
+        if has_conditional_nodes(<cydriver.CUgraph>graph):
+            ic.stage = "copying the graph node by node"
+            ic.graph = copy_with_conditionals(<cydriver.CUgraph>graph, conditionals, copied_conditionals, device)
+        else:
+            ic.stage = "cloning the graph"
+            check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
+        ic.instrument(ic.graph, (), copied_conditionals)
         if len(ic.slots) > max_slots:
             raise RuntimeError(f"profile_nodes: {len(ic.slots)} records needed, {max_slots} allocated")
-        ic.stage = f"instantiating the instrumented graph ({len(ic.slots)} records)"
-        check(cydriver.cuGraphInstantiate(&ic.exec_handle, <cydriver.CUgraph>graph, 0))
-    except BaseException as e:
-        failed = ic.remove_stamps()
-        if isinstance(e, CudaError):
-            e.add_note(f"profile_nodes: while {ic.stage}")
-        if failed:
-            e.add_note(f"profile_nodes: {failed} stamp node(s) could not be removed from the captured graph")
+        ic.stage = f"instantiating the instrumented copy ({len(ic.slots)} records)"
+        check(cydriver.cuGraphInstantiate(&ic.exec_handle, ic.graph, 0))
+    except CudaError as e:
+        e.add_note(f"profile_nodes: while {ic.stage}")
         raise
-    failed = ic.remove_stamps()
-    if failed:
-        raise RuntimeError(f"profile_nodes: {failed} stamp node(s) could not be removed from the captured graph; "
-                           f"describe() shows them")
     return ic
+
+
+cdef bint has_conditional_nodes(cydriver.CUgraph g) except -1:
+    """Whether ``g`` holds a conditional node (child graphs hold none: the
+    driver embeds no graph with one)."""
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(g)
+    cdef size_t i
+    for i in range(nodes.size()):
+        if node_type(nodes[i]) == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            return True
+    return False
+
+
+cdef cydriver.CUgraph copy_with_conditionals(cydriver.CUgraph g, dict conditionals, dict copied,
+                                             int device) except NULL:
+    """A new graph with a node for each node of ``g``, in the same order
+    (so describe()'s ids hold), and the same edges; ``copied`` gets the
+    copy's conditional nodes (node -> (kind, bodies, handle))."""
+    cdef cydriver.CUgraph out = NULL
+    check(cydriver.cuGraphCreate(&out, 0))
+    try:
+        _copy_scope(g, out, conditionals, copied, {}, primary_context(device), ())
+    except BaseException:
+        cydriver.cuGraphDestroy(out)
+        raise
+    return out
+
+
+cdef int _copy_scope(cydriver.CUgraph src, cydriver.CUgraph dst, dict conditionals, dict copied, dict handles,
+                     cydriver.CUcontext ctx, tuple scope) except -1:
+    """Copy the nodes and edges of ``src`` into the empty graph ``dst``;
+    ``handles`` maps the graph's conditional handles to the copy's."""
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(src)
+    cdef vector[cydriver.CUgraphNode] made, froms, tos, listed
+    cdef vector[cydriver.CUgraphEdgeData] edata
+    cdef cydriver.CUgraphConditionalHandle h = 0
+    cdef size_t i, n = nodes.size(), ne = 0
+    # a node's handle first: the set-conditional kernel before the node gets it
+    for i in range(n):
+        if node_type(nodes[i]) == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            info = conditionals.get(<uintptr_t>nodes[i])
+            if info is None:
+                raise RuntimeError(f"profile_nodes: node {i} of scope {scope} is a conditional node tensorplay "
+                                   f"did not capture; the driver copies no graph with one, and its bodies are "
+                                   f"unknown here, so this graph cannot be profiled")
+            check(cydriver.cuGraphConditionalHandleCreate(&h, dst, ctx, 0, 0))
+            handles[<unsigned long long>info[2]] = <unsigned long long>h
+    made.resize(n)
+    for i in range(n):
+        made[i] = _copy_node(nodes[i], dst, conditionals, copied, handles, ctx, scope, i)
+    index = {<uintptr_t>nodes[i]: i for i in range(n)}
+    check(cydriver.cuGraphGetEdges(src, NULL, NULL, NULL, &ne))
+    if ne:
+        froms.resize(ne)
+        tos.resize(ne)
+        edata.resize(ne)
+        check(cydriver.cuGraphGetEdges(src, froms.data(), tos.data(), edata.data(), &ne))
+        for i in range(ne):
+            froms[i] = made[<size_t>index[<uintptr_t>froms[i]]]
+            tos[i] = made[<size_t>index[<uintptr_t>tos[i]]]
+        check(cydriver.cuGraphAddDependencies(dst, froms.data(), tos.data(), edata.data(), ne))
+    listed = graph_nodes(dst)
+    for i in range(n):
+        if listed[i] != made[i]:
+            raise RuntimeError(f"profile_nodes: the copy of scope {scope} lists its nodes in another order "
+                               f"than the graph; its records could not be matched to the graph's nodes")
+    return 0
+
+
+cdef cydriver.CUgraphNode _copy_node(cydriver.CUgraphNode node, cydriver.CUgraph dst, dict conditionals,
+                                     dict copied, dict handles, cydriver.CUcontext ctx, tuple scope,
+                                     size_t i) except NULL:
+    """Add to ``dst``, without dependencies, a node that does what ``node`` does."""
+    cdef cydriver.CUgraphNode out = NULL
+    cdef cydriver.CUgraphNodeType t = node_type(node)
+    cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
+    cdef cydriver.CUDA_MEMCPY3D cp
+    cdef cydriver.CUDA_MEMSET_NODE_PARAMS mp
+    cdef cydriver.CUDA_HOST_NODE_PARAMS hp
+    cdef cydriver.CUgraphNodeParams cond
+    cdef cydriver.CUevent ev = NULL
+    cdef cydriver.CUgraph child = NULL
+    cdef vector[char] buf
+    cdef vector[size_t] offsets, sizes
+    cdef size_t nbytes = 0
+    cdef void* extra[5]
+    cdef unsigned long long old = 0, new = 0
+    cdef unsigned int k
+    if t == cydriver.CU_GRAPH_NODE_TYPE_KERNEL:
+        memset(&kp, 0, sizeof(kp))
+        check(cydriver.cuGraphKernelNodeGetParams(node, &kp))
+        if _sets_a_conditional(&kp):
+            # its first argument is the handle of the node it sets: the copy's
+            if read_kernel_args(&kp, buf, offsets, sizes) == ARGS_UNREADABLE or buf.size() < 8:
+                raise RuntimeError(f"profile_nodes: the arguments of set-conditional kernel {i} of scope "
+                                   f"{scope} could not be read")
+            k = <unsigned int>(offsets[0] if offsets.size() else 0)
+            memcpy(&old, buf.data() + k, 8)
+            if old not in handles:
+                raise RuntimeError(f"profile_nodes: set-conditional kernel {i} of scope {scope} sets a handle "
+                                   f"of no conditional node of this graph")
+            new = handles[old]
+            memcpy(buf.data() + k, &new, 8)
+            nbytes = buf.size()
+            extra[0] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_POINTER
+            extra[1] = <void*>buf.data()
+            extra[2] = <void*>cydriver.CU_LAUNCH_PARAM_BUFFER_SIZE
+            extra[3] = <void*>&nbytes
+            extra[4] = <void*>cydriver.CU_LAUNCH_PARAM_END
+            kp.kernelParams = NULL
+            kp.extra = extra
+        check(cydriver.cuGraphAddKernelNode(&out, dst, NULL, 0, &kp))
+        check(cydriver.cuGraphKernelNodeCopyAttributes(out, node))
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_MEMCPY:
+        check(cydriver.cuGraphMemcpyNodeGetParams(node, &cp))
+        check(cydriver.cuGraphAddMemcpyNode(&out, dst, NULL, 0, &cp, ctx))
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_MEMSET:
+        check(cydriver.cuGraphMemsetNodeGetParams(node, &mp))
+        check(cydriver.cuGraphAddMemsetNode(&out, dst, NULL, 0, &mp, ctx))
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_EMPTY:
+        check(cydriver.cuGraphAddEmptyNode(&out, dst, NULL, 0))
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_HOST:
+        check(cydriver.cuGraphHostNodeGetParams(node, &hp))
+        check(cydriver.cuGraphAddHostNode(&out, dst, NULL, 0, &hp))
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+        check(cydriver.cuGraphEventRecordNodeGetEvent(node, &ev))
+        check(cydriver.cuGraphAddEventRecordNode(&out, dst, NULL, 0, ev))
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+        check(cydriver.cuGraphEventWaitNodeGetEvent(node, &ev))
+        check(cydriver.cuGraphAddEventWaitNode(&out, dst, NULL, 0, ev))
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+        check(cydriver.cuGraphChildGraphNodeGetGraph(node, &child))
+        check(cydriver.cuGraphAddChildGraphNode(&out, dst, NULL, 0, child))   # cloned: it holds no conditional
+    elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+        kind, bodies, handle = conditionals[<uintptr_t>node]
+        memset(&cond, 0, sizeof(cond))
+        cond.type = cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        cond.conditional.handle = <cydriver.CUgraphConditionalHandle><unsigned long long>handles[handle]
+        cond.conditional.type = <cydriver.CUgraphConditionalNodeType><int>kind
+        cond.conditional.size = <unsigned int>len(bodies)
+        cond.conditional.ctx = ctx
+        check(cydriver.cuGraphAddNode(&out, dst, NULL, NULL, 0, &cond))
+        new_bodies = [<uintptr_t>cond.conditional.phGraph_out[k] for k in range(cond.conditional.size)]
+        copied[<uintptr_t>out] = (kind, new_bodies, handles[handle])
+        for k in range(cond.conditional.size):
+            _copy_scope(<cydriver.CUgraph><uintptr_t>bodies[k], cond.conditional.phGraph_out[k], conditionals,
+                        copied, handles, ctx, scope + (<int>i, <int>k))
+    else:
+        raise RuntimeError(f"profile_nodes: node {i} of scope {scope} is of a kind (CUgraphNodeType {<int>t}) "
+                           f"that a graph with conditional nodes, which the driver does not clone, cannot be "
+                           f"copied with here, so it cannot be profiled")
+    return out
+
+
+cdef bint _sets_a_conditional(cydriver.CUDA_KERNEL_NODE_PARAMS* kp) except -1:
+    """Whether the kernel is one of tensorplay's set-conditional kernels
+    (tensorplay/_graph/kernels.py), whose first argument is a handle."""
+    cdef const char* cname = NULL
+    if kp.func == NULL or cydriver.cuFuncGetName(&cname, kp.func) != cydriver.CUDA_SUCCESS or cname == NULL:
+        return False
+    name = cname.decode(errors="replace")
+    return name == "tp_set_conditional" or name.startswith("tp_set_switch_")
 
 
 cdef bint has_memory_nodes(cydriver.CUgraph g, dict conditionals) except -1:
