@@ -3,10 +3,11 @@
 
 Every node of a copy of the captured graph, at every depth, is put between
 two one-thread kernels that read the GPU's global timer (see
-``tensorplay._graph.instrument``: where the graph has conditional nodes,
-which the driver neither clones nor instantiates twice, the copy is built
-node by node with conditional handles of its own); the copy's executable is
-replayed, never the user's, and the graph itself is not touched. What a node's stamps read is its time (its own launch after the
+``tensorplay._graph.instrument``: the copy is built node by node, its
+conditional nodes with handles of their own, since the driver neither
+clones a graph with conditional nodes nor instantiates one twice); the
+copy's executable is replayed, never the user's, and the graph itself is
+not touched. What a node's stamps read is its time (its own launch after the
 node before it included, as in a replay) plus what the stamps add: the
 *floor*, read on stamp pairs with nothing between them, is taken off every
 node. Inside a child graph or a conditional body the profile's stamps also

@@ -128,7 +128,10 @@ def test_a_while_bodys_iterations_add_up_to_the_nodes_total(spin):
     assert g.describe() == desc                    # no stamp left in the body or around the node
     loop = next(n for n in prof.nodes if n.kind == "conditional")
     assert loop.iterations == 40
-    assert near(loop.per_iteration_us * loop.iterations, loop.total_us, rel=0.15, abs_us=10), loop
+    # the body's spans lie inside the node's time; the rest is the loop's own
+    # relaunch of its body, which the graph's replays pay as well
+    assert loop.per_iteration_us * loop.iterations <= loop.total_us * 1.02, loop
+    assert near(prof.critical_path_us, prof.replay_us, rel=0.15, abs_us=10), (prof.replay_us, prof.table())
     body = prof.body(loop.scope + (loop.id, 0))
     spin_node = next(n for n in body if n.name == "spin_ns")
     assert spin_node.executions == 40 and near(spin_node.us, 15)
@@ -160,7 +163,9 @@ def test_a_profile_reaches_into_if_bodies_and_child_graphs(spin):
     (in_child,) = [n for n in prof.body((child, 0)) if n.name == "spin_ns"]
     (in_if,) = [n for n in prof.body((cond, 0)) if n.name == "spin_ns"]
     assert near(in_child.us, 25) and near(in_if.us, 35)
-    assert near(prof.node(child).total_us, 25, abs_us=6) and near(prof.node(cond).total_us, 35, abs_us=6)
+    # a container's time is its body's and its own launch of it, as the graph's replays pay
+    assert prof.node(child).total_us >= in_child.us - 1 and prof.node(cond).total_us >= in_if.us - 1
+    assert near(prof.critical_path_us, prof.replay_us, rel=0.15, abs_us=5), (prof.replay_us, prof.table())
     pred.fill_(False)
     prof = g.profile_nodes(replays=3)
     (in_if,) = [n for n in prof.body((cond, 0)) if n.name == "spin_ns"]
@@ -191,7 +196,8 @@ def test_a_profile_of_switch_and_if_else_times_the_case_taken_and_leaves_the_gra
     sw, ie = [i for i, n in enumerate(desc["nodes"]) if n["kind"] == "conditional"]
     taken = [[n for n in prof.body((sw, k)) if n.name == "spin_ns"][0] for k in range(3)]
     assert [n.executions > 0 for n in taken] == [False, True, False]
-    assert near(taken[1].us, 30) and near(prof.node(sw).total_us, 30, abs_us=6)
+    assert near(taken[1].us, 30) and prof.node(sw).total_us >= taken[1].us - 1
+    assert near(prof.critical_path_us, prof.replay_us, rel=0.15, abs_us=5), (prof.replay_us, prof.table())
     then_spin, else_spin = ([n for n in prof.body((ie, b)) if n.name == "spin_ns"][0] for b in (0, 1))
     assert then_spin.executions == 0 and near(else_spin.us, 20)
     # the graph's own executable still reads its own index and predicate

@@ -5,6 +5,8 @@ from tensorplay._driver.launch import Function
 
 RECORD_HEAD: int
 
+class UncopyableNode(RuntimeError): ...
+
 class InstrumentedCopy:
     @property
     def device(self) -> int: ...

@@ -2,10 +2,12 @@
 """The instrumented copy a node profile replays (CUDAGraph.profile_nodes).
 
 The stamps go into a copy of the captured graph, never into the graph
-itself: the driver's clone (cuGraphClone) where it can make one, and where
-the graph has conditional nodes, which the driver neither clones nor
-instantiates twice, a copy built node by node with conditional handles of its
-own (tensorplay's set-conditional kernels are given the copy's handles).
+itself: a copy built node by node, in the graph's order, whose conditional
+nodes get handles of their own (tensorplay's set-conditional kernels are
+given the copy's handles), since the driver neither clones a graph with
+conditional nodes nor instantiates one twice. A graph without conditional
+nodes that holds a node kind the copy does not make is cloned by the driver
+(cuGraphClone) instead.
 Every node, at every depth (child graphs, conditional bodies), sits
 between two timestamp kernels that read the GPU's global timer
 (%globaltimer, ns): a start stamp the node depends on, an end stamp that
@@ -205,11 +207,13 @@ def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Func
                            "allocations captured, e.g. PyTorch's cudaMallocAsync backend); the driver lets such "
                            "a graph have one executable and copies none, so it cannot be profiled")
     try:
-        if has_conditional_nodes(<cydriver.CUgraph>graph):
-            ic.stage = "copying the graph node by node"
-            ic.graph = copy_with_conditionals(<cydriver.CUgraph>graph, conditionals, copied_conditionals, device)
-        else:
-            ic.stage = "cloning the graph"
+        ic.stage = "copying the graph node by node"
+        try:
+            ic.graph = copy_graph(<cydriver.CUgraph>graph, conditionals, copied_conditionals, device)
+        except UncopyableNode:
+            if has_conditional_nodes(<cydriver.CUgraph>graph):
+                raise
+            ic.stage = "cloning the graph"          # a node kind the copy lacks: the driver's clone has it
             check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
         ic.instrument(ic.graph, (), copied_conditionals)
         if len(ic.slots) > max_slots:
@@ -233,11 +237,15 @@ cdef bint has_conditional_nodes(cydriver.CUgraph g) except -1:
     return False
 
 
-cdef cydriver.CUgraph copy_with_conditionals(cydriver.CUgraph g, dict conditionals, dict copied,
-                                             int device) except NULL:
-    """A new graph with a node for each node of ``g``, in the same order
-    (so describe()'s ids hold), and the same edges; ``copied`` gets the
-    copy's conditional nodes (node -> (kind, bodies, handle))."""
+class UncopyableNode(RuntimeError):
+    """A node of a kind the node-by-node copy does not make."""
+
+
+cdef cydriver.CUgraph copy_graph(cydriver.CUgraph g, dict conditionals, dict copied, int device) except NULL:
+    """A new graph with a node for each node of ``g`` (UncopyableNode for a
+    kind it does not make), in the same order (so describe()'s ids hold),
+    and the same edges; ``copied`` gets the copy's conditional nodes
+    (node -> (kind, bodies, handle))."""
     cdef cydriver.CUgraph out = NULL
     check(cydriver.cuGraphCreate(&out, 0))
     try:
@@ -301,7 +309,7 @@ cdef cydriver.CUgraphNode _copy_node(cydriver.CUgraphNode node, cydriver.CUgraph
     cdef cydriver.CUDA_HOST_NODE_PARAMS hp
     cdef cydriver.CUgraphNodeParams cond
     cdef cydriver.CUevent ev = NULL
-    cdef cydriver.CUgraph child = NULL
+    cdef cydriver.CUgraph child = NULL, inner = NULL
     cdef vector[char] buf
     cdef vector[size_t] offsets, sizes
     cdef size_t nbytes = 0
@@ -351,8 +359,20 @@ cdef cydriver.CUgraphNode _copy_node(cydriver.CUgraphNode node, cydriver.CUgraph
         check(cydriver.cuGraphEventWaitNodeGetEvent(node, &ev))
         check(cydriver.cuGraphAddEventWaitNode(&out, dst, NULL, 0, ev))
     elif t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+        # copied too, and moved into its node: the driver refused to clone
+        # the child into the copy (CUDA_ERROR_NOT_SUPPORTED, H100, driver 580)
         check(cydriver.cuGraphChildGraphNodeGetGraph(node, &child))
-        check(cydriver.cuGraphAddChildGraphNode(&out, dst, NULL, 0, child))   # cloned: it holds no conditional
+        check(cydriver.cuGraphCreate(&inner, 0))
+        try:
+            _copy_scope(child, inner, conditionals, copied, handles, ctx, scope + (<int>i, 0))
+            memset(&cond, 0, sizeof(cond))
+            cond.type = cydriver.CU_GRAPH_NODE_TYPE_GRAPH
+            cond.graph.graph = inner
+            cond.graph.ownership = cydriver.CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE
+            check(cydriver.cuGraphAddNode(&out, dst, NULL, NULL, 0, &cond))
+        except BaseException:
+            cydriver.cuGraphDestroy(inner)
+            raise
     elif t == cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL:
         kind, bodies, handle = conditionals[<uintptr_t>node]
         memset(&cond, 0, sizeof(cond))
@@ -368,9 +388,9 @@ cdef cydriver.CUgraphNode _copy_node(cydriver.CUgraphNode node, cydriver.CUgraph
             _copy_scope(<cydriver.CUgraph><uintptr_t>bodies[k], cond.conditional.phGraph_out[k], conditionals,
                         copied, handles, ctx, scope + (<int>i, <int>k))
     else:
-        raise RuntimeError(f"profile_nodes: node {i} of scope {scope} is of a kind (CUgraphNodeType {<int>t}) "
-                           f"that a graph with conditional nodes, which the driver does not clone, cannot be "
-                           f"copied with here, so it cannot be profiled")
+        raise UncopyableNode(f"profile_nodes: node {i} of scope {scope} is of a kind (CUgraphNodeType {<int>t}) "
+                             f"that a graph with conditional nodes, which the driver does not clone, cannot be "
+                             f"copied with here, so it cannot be profiled")
     return out
 
 
