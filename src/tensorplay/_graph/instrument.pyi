@@ -5,8 +5,6 @@ from tensorplay._driver.launch import Function
 
 RECORD_HEAD: int
 
-class UncopyableNode(RuntimeError): ...
-
 class InstrumentedCopy:
     @property
     def device(self) -> int: ...

@@ -207,14 +207,12 @@ def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Func
                            "allocations captured, e.g. PyTorch's cudaMallocAsync backend); the driver lets such "
                            "a graph have one executable and copies none, so it cannot be profiled")
     try:
-        ic.stage = "copying the graph node by node"
-        try:
-            ic.graph = copy_graph(<cydriver.CUgraph>graph, conditionals, copied_conditionals, device)
-        except UncopyableNode:
-            if has_conditional_nodes(<cydriver.CUgraph>graph):
-                raise
+        if not only_copyable_nodes(<cydriver.CUgraph>graph) and not has_conditional_nodes(<cydriver.CUgraph>graph):
             ic.stage = "cloning the graph"          # a node kind the copy lacks: the driver's clone has it
             check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
+        else:
+            ic.stage = "copying the graph node by node"
+            ic.graph = copy_graph(<cydriver.CUgraph>graph, conditionals, copied_conditionals, device)
         ic.instrument(ic.graph, (), copied_conditionals)
         if len(ic.slots) > max_slots:
             raise RuntimeError(f"profile_nodes: {len(ic.slots)} records needed, {max_slots} allocated")
@@ -237,12 +235,32 @@ cdef bint has_conditional_nodes(cydriver.CUgraph g) except -1:
     return False
 
 
-class UncopyableNode(RuntimeError):
-    """A node of a kind the node-by-node copy does not make."""
+cdef set _COPIED_KINDS = {<int>cydriver.CU_GRAPH_NODE_TYPE_KERNEL, <int>cydriver.CU_GRAPH_NODE_TYPE_MEMCPY,
+                          <int>cydriver.CU_GRAPH_NODE_TYPE_MEMSET, <int>cydriver.CU_GRAPH_NODE_TYPE_EMPTY,
+                          <int>cydriver.CU_GRAPH_NODE_TYPE_HOST, <int>cydriver.CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+                          <int>cydriver.CU_GRAPH_NODE_TYPE_WAIT_EVENT, <int>cydriver.CU_GRAPH_NODE_TYPE_GRAPH,
+                          <int>cydriver.CU_GRAPH_NODE_TYPE_CONDITIONAL}
+
+
+cdef bint only_copyable_nodes(cydriver.CUgraph g) except -1:
+    """Whether every node of ``g`` and of its child graphs is of a kind
+    copy_graph makes (conditional bodies hold only such kinds)."""
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(g)
+    cdef cydriver.CUgraph child = NULL
+    cdef size_t i
+    for i in range(nodes.size()):
+        t = <int>node_type(nodes[i])
+        if t not in _COPIED_KINDS:
+            return False
+        if t == cydriver.CU_GRAPH_NODE_TYPE_GRAPH:
+            check(cydriver.cuGraphChildGraphNodeGetGraph(nodes[i], &child))
+            if not only_copyable_nodes(child):
+                return False
+    return True
 
 
 cdef cydriver.CUgraph copy_graph(cydriver.CUgraph g, dict conditionals, dict copied, int device) except NULL:
-    """A new graph with a node for each node of ``g`` (UncopyableNode for a
+    """A new graph with a node for each node of ``g`` (RuntimeError for a
     kind it does not make), in the same order (so describe()'s ids hold),
     and the same edges; ``copied`` gets the copy's conditional nodes
     (node -> (kind, bodies, handle))."""
@@ -388,9 +406,9 @@ cdef cydriver.CUgraphNode _copy_node(cydriver.CUgraphNode node, cydriver.CUgraph
             _copy_scope(<cydriver.CUgraph><uintptr_t>bodies[k], cond.conditional.phGraph_out[k], conditionals,
                         copied, handles, ctx, scope + (<int>i, <int>k))
     else:
-        raise UncopyableNode(f"profile_nodes: node {i} of scope {scope} is of a kind (CUgraphNodeType {<int>t}) "
-                             f"that a graph with conditional nodes, which the driver does not clone, cannot be "
-                             f"copied with here, so it cannot be profiled")
+        raise RuntimeError(f"profile_nodes: node {i} of scope {scope} is of a kind (CUgraphNodeType {<int>t}) "
+                           f"that a graph with conditional nodes, which the driver does not clone, cannot be "
+                           f"copied with here, so it cannot be profiled")
     return out
 
 
