@@ -19,6 +19,7 @@ from tensorplay._driver.context import make_error
 from tensorplay._driver.hostfn cimport retain_in_graph
 from tensorplay._driver.stream cimport refuse_in_conditional_body
 from tensorplay._driver.teardown cimport defer, destroy_must_wait
+from tensorplay._graph.describe cimport graph_nodes
 from tensorplay._graph.streams cimport add_to_capture
 from tensorplay._memory.allocator cimport DeviceAllocator, get_allocator
 from tensorplay._memory.pool cimport CaptureState
@@ -80,18 +81,11 @@ cdef set _BODY_KINDS = {<int>cydriver.CU_GRAPH_NODE_TYPE_KERNEL, <int>cydriver.C
 
 cdef int _node_kinds(cydriver.CUgraph g, set kinds, int depth) except -1:
     """Add the node types of ``g`` and of its child graphs to ``kinds``."""
-    cdef size_t n = 0
-    cdef vector[cydriver.CUgraphNode] nodes
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(g)
     cdef cydriver.CUgraphNodeType t
     cdef cydriver.CUgraph child = NULL
-    with nogil:
-        check(cydriver.cuGraphGetNodes(g, NULL, &n))
-    if n == 0:
-        return 0
-    nodes.resize(n)
-    with nogil:
-        check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
-    for i in range(n):
+    cdef size_t i
+    for i in range(nodes.size()):
         with nogil:
             check(cydriver.cuGraphNodeGetType(nodes[i], &t))
         kinds.add(<int>t)

@@ -27,6 +27,30 @@ _MEMTYPES = {cydriver.CU_MEMORYTYPE_HOST: "host", cydriver.CU_MEMORYTYPE_DEVICE:
              cydriver.CU_MEMORYTYPE_ARRAY: "array", cydriver.CU_MEMORYTYPE_UNIFIED: "unified"}
 
 
+cdef vector[cydriver.CUgraphNode] graph_nodes(cydriver.CUgraph g) except *:
+    """The nodes of ``g`` in the driver's order (cuGraphGetNodes): the ids describe() gives them."""
+    cdef size_t n = 0
+    cdef vector[cydriver.CUgraphNode] nodes
+    check(cydriver.cuGraphGetNodes(g, NULL, &n))
+    nodes.resize(n)
+    if n:
+        check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
+    return nodes
+
+
+cdef int graph_edges(cydriver.CUgraph g, vector[cydriver.CUgraphNode]& froms, vector[cydriver.CUgraphNode]& tos,
+                     vector[cydriver.CUgraphEdgeData]& edata) except -1:
+    """The edges of ``g`` (cuGraphGetEdges), each a from node, a to node and its data."""
+    cdef size_t ne = 0
+    check(cydriver.cuGraphGetEdges(g, NULL, NULL, NULL, &ne))
+    froms.resize(ne)
+    tos.resize(ne)
+    edata.resize(ne)
+    if ne:
+        check(cydriver.cuGraphGetEdges(g, froms.data(), tos.data(), edata.data(), &ne))
+    return 0
+
+
 cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
     """Nodes (kind, kernel name, attributes, conditional bodies) and edges of
     ``g``, read with cuGraphGetNodes / cuGraphNodeGetType / cuGraphGetEdges and
@@ -47,10 +71,8 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
     cdef cydriver.CUevent ev
     cdef cydriver.CUgraph child = NULL
     cdef const char* cname = NULL
-    check(cydriver.cuGraphGetNodes(g, NULL, &n))
-    nodes.resize(n if n else 1)
-    if n:
-        check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
+    nodes = graph_nodes(g)
+    n = nodes.size()
     index = {}
     out = []
     for i in range(n):
@@ -118,14 +140,11 @@ cdef dict describe_graph(cydriver.CUgraph g, bint detailed, dict conditionals):
                 d["type"] = "conditional"
                 d["bodies"] = []
         out.append(d)
-    check(cydriver.cuGraphGetEdges(g, NULL, NULL, NULL, &ne))
+    graph_edges(g, froms, tos, edata)
+    ne = froms.size()
     edges = []
     programmatic = []
     if ne:
-        froms.resize(ne)
-        tos.resize(ne)
-        edata.resize(ne)
-        check(cydriver.cuGraphGetEdges(g, froms.data(), tos.data(), edata.data(), &ne))
         for i in range(ne):
             a = index.get(<uintptr_t>froms[i])
             b = index.get(<uintptr_t>tos[i])
@@ -153,11 +172,8 @@ cdef int kernel_argument_words(cydriver.CUgraph g, dict conditionals, set out) e
     cdef vector[size_t] offsets, sizes
     cdef unsigned long long value
     cdef int how, unreadable = 0
-    check(cydriver.cuGraphGetNodes(g, NULL, &n))
-    if n == 0:
-        return 0
-    nodes.resize(n)
-    check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
+    nodes = graph_nodes(g)
+    n = nodes.size()
     for i in range(n):
         check(cydriver.cuGraphNodeGetType(nodes[i], &t))
         if t == cydriver.CU_GRAPH_NODE_TYPE_KERNEL:

@@ -31,20 +31,11 @@ from libcpp.vector cimport vector
 from tensorplay._driver.context cimport check, ensure_context, primary_context
 from tensorplay._driver.context import CudaError
 from tensorplay._driver.launch cimport Function
+from tensorplay._graph.describe cimport graph_edges, graph_nodes
 from tensorplay._graph.rebind cimport ARGS_UNREADABLE, read_kernel_args
 
 cdef unsigned int HEAD = 3      # start, sum, count: then the durations
 RECORD_HEAD = HEAD
-
-
-cdef vector[cydriver.CUgraphNode] graph_nodes(cydriver.CUgraph g) except *:
-    cdef size_t n = 0
-    cdef vector[cydriver.CUgraphNode] nodes
-    check(cydriver.cuGraphGetNodes(g, NULL, &n))
-    nodes.resize(n)
-    if n:
-        check(cydriver.cuGraphGetNodes(g, nodes.data(), &n))
-    return nodes
 
 
 cdef cydriver.CUgraphNodeType node_type(cydriver.CUgraphNode node) except *:
@@ -117,12 +108,8 @@ cdef class InstrumentedCopy:
             return 0
         index = {<uintptr_t>nodes[i]: i for i in range(n)}
         self.stage = f"reading the edges of scope {scope} ({n} nodes)"
-        check(cydriver.cuGraphGetEdges(g, NULL, NULL, NULL, &ne))
-        froms.resize(ne)
-        tos.resize(ne)
-        edata.resize(ne)
-        if ne:
-            check(cydriver.cuGraphGetEdges(g, froms.data(), tos.data(), edata.data(), &ne))
+        graph_edges(g, froms, tos, edata)
+        ne = froms.size()
         has_in = [False] * n
         has_out = [False] * n
         pairs = set()
@@ -297,12 +284,9 @@ cdef int _copy_scope(cydriver.CUgraph src, cydriver.CUgraph dst, dict conditiona
     for i in range(n):
         made[i] = _copy_node(nodes[i], dst, conditionals, copied, handles, ctx, scope, i)
     index = {<uintptr_t>nodes[i]: i for i in range(n)}
-    check(cydriver.cuGraphGetEdges(src, NULL, NULL, NULL, &ne))
+    graph_edges(src, froms, tos, edata)
+    ne = froms.size()
     if ne:
-        froms.resize(ne)
-        tos.resize(ne)
-        edata.resize(ne)
-        check(cydriver.cuGraphGetEdges(src, froms.data(), tos.data(), edata.data(), &ne))
         for i in range(ne):
             froms[i] = made[<size_t>index[<uintptr_t>froms[i]]]
             tos[i] = made[<size_t>index[<uintptr_t>tos[i]]]
