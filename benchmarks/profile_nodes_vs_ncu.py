@@ -155,9 +155,10 @@ def compare(name, replays, results):
         end.synchronize()
         whole_us = start.elapsed_time(end) * 1e3
         print(f"\n== decode WHILE graph, one generation: {node.iterations:g} iterations, "
-              f"{node.per_iteration_us:.1f} us each (the body's span), {node.total_us:.0f} us in all; "
+              f"{node.per_iteration_us:.1f} us each (the body {node.body_us:.1f} us), {node.total_us:.0f} us in all; "
               f"the graph's replay {whole_us:.0f} us (events)")
         entry["while"] = {"iterations": node.iterations, "per_iteration_us": node.per_iteration_us,
+                          "body_us": node.body_us,
                           "total_us": node.total_us, "replay_us": whole_us}
     results[name] = entry
 

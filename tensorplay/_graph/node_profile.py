@@ -52,7 +52,10 @@ class NodeTime:
     read it. ``executions`` is how often the node ran per replay (0 for a
     body not taken; more than 1 in a WHILE body). ``share`` is ``total_us``
     over the graph's critical path. A WHILE node also has ``iterations``
-    (per replay) and ``per_iteration_us`` (one iteration of its body).
+    (per replay), ``per_iteration_us`` (``total_us`` over ``iterations``:
+    one iteration as a replay pays it, the loop's own relaunch of its body
+    included) and ``body_us`` (the body's own span, per iteration): what
+    the loop adds per iteration is the difference.
     """
     scope: Scope
     id: int
@@ -66,6 +69,7 @@ class NodeTime:
     critical: bool = False
     iterations: float | None = None
     per_iteration_us: float | None = None
+    body_us: float | None = None
 
     @property
     def label(self) -> str:
@@ -137,7 +141,9 @@ class GraphProfile:
             mark = "*" if n.critical else " "
             lines.append(f"{mark}{label:<43} {n.executions:6g} {n.us:9.2f} {n.total_us:10.2f} {n.share:7.1%}")
             if n.iterations is not None:
-                lines.append(f"{'':<4}{n.iterations:g} iterations, {n.per_iteration_us:.2f} us each")
+                lines.append(f"{'':<4}{n.iterations:g} iterations, {n.per_iteration_us:.2f} us each "
+                             f"(the body {n.body_us:.2f} us, the loop's relaunch "
+                             f"{n.per_iteration_us - n.body_us:.2f} us)")
         if self.programmatic_edges:
             lines.append(f"{self.programmatic_edges} PDL edge(s) made full edges by the stamps: each kernel is "
                          f"timed alone, so the sum of the times exceeds the replay's")
@@ -168,7 +174,7 @@ class GraphProfile:
     def annotate(self, description: Mapping[str, Any]) -> dict[str, Any]:
         """``description`` (from :meth:`CUDAGraph.describe`) with each profiled
         node's ``"time"``: us, total_us, share, executions, critical, and for
-        WHILE nodes iterations and per_iteration_us. DOT colours nodes by it."""
+        WHILE nodes iterations, per_iteration_us and body_us. DOT colours nodes by it."""
         times = {(n.scope, n.id): n for n in self.nodes}
 
         def walk(desc, scope):
@@ -180,7 +186,8 @@ class GraphProfile:
                 if t is not None:
                     node["time"] = {k: getattr(t, k) for k in ("us", "total_us", "share", "executions", "critical")}
                     if t.iterations is not None:
-                        node["time"].update(iterations=t.iterations, per_iteration_us=t.per_iteration_us)
+                        node["time"].update(iterations=t.iterations, per_iteration_us=t.per_iteration_us,
+                                            body_us=t.body_us)
                 if node.get("bodies"):
                     node["bodies"] = [walk(b, scope + (node["id"], i)) for i, b in enumerate(node["bodies"])]
                 out["nodes"].append(node)
@@ -282,9 +289,10 @@ def build_profile(description: Mapping[str, Any], slots: list[tuple[Scope, int]]
                 body_inner = nested(scope + (nid, 0)) - counts[:, span]
                 per_iter = float(np.median(body_inner / np.maximum(counts[:, span], 1)))
                 bs = samples(span)
-                entry["iterations"] = float(np.median(counts[:, span]))
-                entry["per_iteration_us"] = max((float(np.median(bs)) if len(bs) else 0.0)
-                                                - floor - pair * per_iter, 0.0)
+                iterations = float(np.median(counts[:, span]))
+                entry["iterations"] = iterations
+                entry["per_iteration_us"] = entry["total_us"] / iterations if iterations else 0.0
+                entry["body_us"] = max((float(np.median(bs)) if len(bs) else 0.0) - floor - pair * per_iter, 0.0)
         raw.append(entry)
     # the critical path of every scope; shares over the top graph's
     on_path: set[tuple[Scope, int]] = set()

@@ -45,22 +45,23 @@ def record(durations_ns, cap=CAP):
     return rec
 
 
-def replay_records(iterations=10):
-    """One replay: a 10 us, the loop of ``iterations`` x (k 5 us, j 3 us), b 50 us, c 20 us; each
-    reading as the node's time plus the floor, containers also paying a pair's cost per nested pair."""
+def replay_records(iterations=10, relaunch_ns=0):
+    """One replay: a 10 us, the loop of ``iterations`` x (k 5 us, j 3 us, then ``relaunch_ns`` of
+    the loop's own between iterations), b 50 us, c 20 us; each reading as the node's time plus the
+    floor, containers also paying a pair's cost per nested pair."""
     f, p = FLOOR_NS, PAIR_NS
     return np.stack([
         record([0]),                                          # the graph's span
         record([10000 + f]),
-        record([iterations * 8000 + f + p * 3 * iterations]),     # each iteration: the span's pair, k's, j's
+        record([iterations * (8000 + relaunch_ns) + f + p * 3 * iterations]),  # the span's pair, k's, j's
         record([50000 + f]), record([20000 + f]),
         record([8000 + f + 2 * p] * iterations),              # the body's span: the two nodes' pairs inside
         record([5000 + f] * iterations), record([3000 + f] * iterations),
     ])
 
 
-def make_profile(replays=3, iterations=10):
-    records = np.stack([replay_records(iterations) for _ in range(replays)])
+def make_profile(replays=3, iterations=10, relaunch_ns=0):
+    records = np.stack([replay_records(iterations, relaunch_ns) for _ in range(replays)])
     floor = np.full(64, FLOOR_NS, np.uint64)
     pair = np.full(64, PAIR_NS, np.uint64)
     return build_profile(DESCRIPTION, SLOTS, records, floor, pair, replay_us=111.0)
@@ -78,6 +79,17 @@ def test_records_become_node_times_less_the_floor():
     assert loop.per_iteration_us * loop.iterations == pytest.approx(loop.total_us)
     k, j = prof.body((1, 0))
     assert (k.us, j.us, k.executions, j.total_us) == (5.0, 3.0, 10, 30.0)
+
+
+def test_a_while_nodes_iteration_is_its_body_and_the_loops_relaunch():
+    prof = make_profile(relaunch_ns=1500)
+    loop = prof.node(1)
+    assert loop.total_us == pytest.approx(95.0)
+    assert loop.per_iteration_us == pytest.approx(9.5) and loop.body_us == pytest.approx(8.0)
+    assert loop.per_iteration_us * loop.iterations == pytest.approx(loop.total_us)
+    assert "10 iterations, 9.50 us each (the body 8.00 us, the loop's relaunch 1.50 us)" in prof.table()
+    d = prof.to_dict()
+    assert GraphProfile.from_dict(json.loads(json.dumps(d))).node(1).body_us == pytest.approx(8.0)
 
 
 def test_the_critical_path_and_shares():
