@@ -141,9 +141,11 @@ class GraphProfile:
             mark = "*" if n.critical else " "
             lines.append(f"{mark}{label:<43} {n.executions:6g} {n.us:9.2f} {n.total_us:10.2f} {n.share:7.1%}")
             if n.iterations is not None:
-                lines.append(f"{'':<4}{n.iterations:g} iterations, {n.per_iteration_us:.2f} us each "
-                             f"(the body {n.body_us:.2f} us, the loop's relaunch "
-                             f"{n.per_iteration_us - n.body_us:.2f} us)")
+                each = n.per_iteration_us or 0.0
+                text = f"{'':<4}{n.iterations:g} iterations, {each:.2f} us each"
+                if n.body_us is not None:      # absent from profiles stored before it was measured
+                    text += f" (the body {n.body_us:.2f} us, the loop's relaunch {each - n.body_us:.2f} us)"
+                lines.append(text)
         if self.programmatic_edges:
             lines.append(f"{self.programmatic_edges} PDL edge(s) made full edges by the stamps: each kernel is "
                          f"timed alone, so the sum of the times exceeds the replay's")
