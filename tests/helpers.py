@@ -119,6 +119,37 @@ def spin(stream, cycles=200_000_000, flag_ptr=0, device=0):
     f.launch(1, 1, struct.pack("<qQ", cycles, flag_ptr), 0, stream.handle)
 
 
+HOLD_SOURCE = r"""
+extern "C" __global__ void tp_test_hold(const volatile int* release, unsigned long long timeout_ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (*release == 0 && now - start < timeout_ns);
+}
+"""
+
+
+def hold(stream, timeout_s=60.0, device=0):
+    """Keep ``stream`` busy until the returned ``release()`` is called (or
+    ``timeout_s`` of GPU time pass, so a failing test cannot hang): unlike a
+    spin of a set length, it outlasts however slow the host is meanwhile.
+    ``release()`` writes the flag from another stream and waits for ``stream``."""
+    from tensorplay._kernels import cache
+    flag = tp.zeros(1, dtype=tp.int32, device=f"cuda:{device}")
+    tp.cuda.synchronize(device)                       # the flag is zero before the kernel reads it
+    f = cache.load_function(HOLD_SOURCE, "tp_test_hold", device)
+    f.launch(1, 1, struct.pack("<QQ", flag.data_ptr(), int(timeout_s * 1e9)), 0, stream.handle)
+    releaser = tp.cuda.Stream(device=device)
+
+    def release():
+        with tp.cuda.stream(releaser):
+            flag.fill_(1)
+        stream.synchronize()
+    return release
+
+
 SLOW_WRITE = r"""
 extern "C" __global__ void slow_write(float* y, long long n, float value, unsigned long long ns) {
   asm volatile("griddepcontrol.wait;" ::: "memory");

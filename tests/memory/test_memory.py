@@ -24,7 +24,7 @@ import pytest
 import tensorplay as tp
 from tensorplay._memory.pool import segment_bytes
 from tensorplay.cuda import CUDAGraph
-from helpers import spin, warm
+from helpers import hold, spin, warm
 
 pytestmark = pytest.mark.cuda
 MiB = 1 << 20
@@ -344,7 +344,7 @@ def test_record_stream_during_capture_queries_no_event_and_defers_reuse():
     tp.cuda.synchronize()
     with tp.cuda.stream(s0):
         potential_problem.record_stream(s0)
-        spin(s0, 1_000_000_000)                          # ~0.5 s: busy through the capture below
+        release = hold(s0)                               # busy through the capture below, until released
         potential_problem.fill_(1.0)
     del potential_problem          # its block waits for an event on s0 that stays pending
 
@@ -362,9 +362,9 @@ def test_record_stream_during_capture_queries_no_event_and_defers_reuse():
     assert g.is_instantiated and not tp.cuda.is_current_stream_capturing()
 
     c = tp.empty(n, dtype=tp.float32, device="cuda")     # eager: processes events, s0's is not done
-    assert not s0.query(), "the spin ended before the check: make it longer"
+    assert not s0.query(), "the hold on s0 timed out before the check"
     assert c._storage.ptr != p_ptr
-    s0.synchronize()
+    release()
     tp.cuda.synchronize()
     held = [c]
     for _ in range(8):                                   # an allocation processes completed events
