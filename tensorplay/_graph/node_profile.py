@@ -79,6 +79,16 @@ class NodeTime:
         return f"{where} {what}"
 
 
+def _stored_node(n: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored NodeTime's fields; a profile stored before ``body_us`` gave
+    a WHILE node's body span as ``per_iteration_us``."""
+    n = {**n, "scope": tuple(n["scope"])}
+    if "body_us" not in n and n.get("iterations"):
+        n["body_us"] = n.get("per_iteration_us")
+        n["per_iteration_us"] = n["total_us"] / n["iterations"]
+    return n
+
+
 def _scope_names(scope: Scope) -> list[str]:
     return [f"{scope[i]}.{scope[i + 1]}" for i in range(0, len(scope), 2)]
 
@@ -143,8 +153,9 @@ class GraphProfile:
             if n.iterations is not None:
                 each = n.per_iteration_us or 0.0
                 text = f"{'':<4}{n.iterations:g} iterations, {each:.2f} us each"
-                if n.body_us is not None:      # absent from profiles stored before it was measured
-                    text += f" (the body {n.body_us:.2f} us, the loop's relaunch {each - n.body_us:.2f} us)"
+                if n.body_us is not None:
+                    text += (f" (the body {n.body_us:.2f} us, the loop's relaunch "
+                             f"{max(each - n.body_us, 0.0):.2f} us)")
                 lines.append(text)
         if self.programmatic_edges:
             lines.append(f"{self.programmatic_edges} PDL edge(s) made full edges by the stamps: each kernel is "
@@ -168,7 +179,7 @@ class GraphProfile:
     def from_dict(cls, data: Mapping[str, Any]) -> GraphProfile:
         """A profile from :meth:`to_dict`'s data (for instance loaded from JSON)."""
         d = dict(data)
-        d["nodes"] = [NodeTime(**{**n, "scope": tuple(n["scope"])}) for n in d["nodes"]]
+        d["nodes"] = [NodeTime(**_stored_node(n)) for n in d["nodes"]]
         d["floor_spread_us"] = tuple(d["floor_spread_us"])
         d["uninstrumented"] = [(tuple(s), i) for s, i in d.get("uninstrumented", [])]
         return cls(**d)

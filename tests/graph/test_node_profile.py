@@ -12,7 +12,7 @@ import tensorplay as tp
 from tensorplay.cuda import CUDAGraph
 from tensorplay.cuda.graphs import GraphProfile
 
-from helpers import counted_loop
+from helpers import counted_loop, warm
 from helpers import torch_cuda as torch  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.cuda
@@ -212,6 +212,39 @@ def test_a_profile_of_switch_and_if_else_times_the_case_taken_and_leaves_the_gra
     out.zero_()
     g.replay()
     assert out.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_a_profile_reaches_an_if_inside_a_while_body(spin):
+    """Nested conditional nodes: the copy gives the IF and the WHILE handles
+    of their own, and the kernel in the body that sets the WHILE's handle
+    and the one that sets the IF's each get the right one."""
+    out = tp.zeros(1, device="cuda")
+    yes = tp.ones(1, dtype=tp.bool, device="cuda")
+    c = tp.zeros(1, dtype=tp.int32, device="cuda")
+    lim = tp.full((1,), 8, dtype=tp.int32, device="cuda")
+    p = tp.zeros(1, dtype=tp.bool, device="cuda")
+    warm(lambda: (c.add_(1), tp.lt(c, lim, out=p)))
+    g = CUDAGraph()
+    with tp.cuda.graph(g):
+        c.zero_()
+        tp.lt(c, lim, out=p)
+        with g.while_(p):
+            with g.if_(yes):
+                spin(20, out)
+            c.add_(1)
+            tp.lt(c, lim, out=p)
+    desc = g.describe()
+    prof = g.profile_nodes(replays=3)
+    assert g.describe() == desc
+    loop = next(n for n in prof.nodes if n.kind == "conditional")
+    assert loop.iterations == 8
+    inner = next(n for n in prof.body((loop.id, 0)) if n.kind == "conditional")
+    assert inner.executions == 8
+    (spun,) = [n for n in prof.body((loop.id, 0, inner.id, 0)) if n.name == "spin_ns"]
+    assert spun.executions == 8 and near(spun.us, 20)
+    out.zero_()
+    g.replay()
+    assert out.item() == 8.0 and c.item() == 8
 
 
 def test_a_profile_names_pytorchs_kernels(torch):

@@ -90,6 +90,14 @@ def test_a_while_nodes_iteration_is_its_body_and_the_loops_relaunch():
     assert "10 iterations, 9.50 us each (the body 8.00 us, the loop's relaunch 1.50 us)" in prof.table()
     d = prof.to_dict()
     assert GraphProfile.from_dict(json.loads(json.dumps(d))).node(1).body_us == pytest.approx(8.0)
+    # stored before body_us: per_iteration_us held the body's span
+    for n in d["nodes"]:
+        if n.get("iterations"):
+            n["per_iteration_us"] = n.pop("body_us")
+        else:
+            n.pop("body_us")
+    old = GraphProfile.from_dict(json.loads(json.dumps(d))).node(1)
+    assert (old.per_iteration_us, old.body_us) == (pytest.approx(9.5), pytest.approx(8.0))
 
 
 def test_the_critical_path_and_shares():

@@ -197,6 +197,7 @@ def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Func
         if not only_copyable_nodes(<cydriver.CUgraph>graph) and not has_conditional_nodes(<cydriver.CUgraph>graph):
             ic.stage = "cloning the graph"          # a node kind the copy lacks: the driver's clone has it
             check(cydriver.cuGraphClone(&ic.graph, <cydriver.CUgraph>graph))
+            check_clone_order(<cydriver.CUgraph>graph, ic.graph)
         else:
             ic.stage = "copying the graph node by node"
             ic.graph = copy_graph(<cydriver.CUgraph>graph, conditionals, copied_conditionals, device)
@@ -209,6 +210,21 @@ def build_instrumented_copy(uintptr_t graph, dict conditionals, int device, Func
         e.add_note(f"profile_nodes: while {ic.stage}")
         raise
     return ic
+
+
+cdef int check_clone_order(cydriver.CUgraph g, cydriver.CUgraph clone) except -1:
+    """Raise unless the clone lists its nodes in the graph's order (records
+    are matched to describe()'s ids by it)."""
+    cdef vector[cydriver.CUgraphNode] nodes = graph_nodes(g)
+    cdef vector[cydriver.CUgraphNode] listed = graph_nodes(clone)
+    cdef cydriver.CUgraphNode found = NULL
+    cdef size_t i
+    for i in range(nodes.size()):
+        check(cydriver.cuGraphNodeFindInClone(&found, nodes[i], clone))
+        if i >= listed.size() or found != listed[i]:
+            raise RuntimeError("profile_nodes: the driver's clone lists its nodes in another order than the "
+                               "graph; its records could not be matched to the graph's nodes")
+    return 0
 
 
 cdef bint has_conditional_nodes(cydriver.CUgraph g) except -1:
@@ -278,6 +294,11 @@ cdef int _copy_scope(cydriver.CUgraph src, cydriver.CUgraph dst, dict conditiona
                 raise RuntimeError(f"profile_nodes: node {i} of scope {scope} is a conditional node tensorplay "
                                    f"did not capture; the driver copies no graph with one, and its bodies are "
                                    f"unknown here, so this graph cannot be profiled")
+            if <unsigned long long>info[2] in handles:
+                # a set-conditional kernel names its node by the handle's value alone
+                raise RuntimeError(f"profile_nodes: conditional node {i} of scope {scope} has the handle value "
+                                   f"of another conditional node of this graph, so the copy could not tell "
+                                   f"which node its set-conditional kernels set")
             check(cydriver.cuGraphConditionalHandleCreate(&h, dst, ctx, 0, 0))
             handles[<unsigned long long>info[2]] = <unsigned long long>h
     made.resize(n)
@@ -323,10 +344,12 @@ cdef cydriver.CUgraphNode _copy_node(cydriver.CUgraphNode node, cydriver.CUgraph
         check(cydriver.cuGraphKernelNodeGetParams(node, &kp))
         if _sets_a_conditional(&kp):
             # its first argument is the handle of the node it sets: the copy's
-            if read_kernel_args(&kp, buf, offsets, sizes) == ARGS_UNREADABLE or buf.size() < 8:
+            k = 0
+            if read_kernel_args(&kp, buf, offsets, sizes) != ARGS_UNREADABLE:
+                k = <unsigned int>(offsets[0] if offsets.size() else 0)
+            if buf.size() < k + 8:
                 raise RuntimeError(f"profile_nodes: the arguments of set-conditional kernel {i} of scope "
                                    f"{scope} could not be read")
-            k = <unsigned int>(offsets[0] if offsets.size() else 0)
             memcpy(&old, buf.data() + k, 8)
             if old not in handles:
                 raise RuntimeError(f"profile_nodes: set-conditional kernel {i} of scope {scope} sets a handle "
