@@ -34,7 +34,7 @@ import numpy as np
 
 import tensorplay as tp
 from tensorplay._graph.dot import demangle
-from tpbench.common import decode_loop_module
+from tpbench.common import decode_loop_module, event_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -147,13 +147,7 @@ def compare(name, replays, results):
         lp = loop.graph.profile_nodes(replays=1, warmup=0)
         node = next(n for n in lp.nodes if n.iterations is not None)
         model.reset(1)
-        tp.cuda.synchronize()
-        start, end = tp.cuda.Event(enable_timing=True), tp.cuda.Event(enable_timing=True)
-        start.record()
-        loop.graph.replay()
-        end.record()
-        end.synchronize()
-        whole_us = start.elapsed_time(end) * 1e3
+        whole_us = event_latency(tp, loop.graph.replay, 1)
         print(f"\n== decode WHILE graph, one generation: {node.iterations:g} iterations, "
               f"{node.per_iteration_us:.1f} us each (the body {node.body_us:.1f} us), {node.total_us:.0f} us in all; "
               f"the graph's replay {whole_us:.0f} us (events)")
