@@ -84,7 +84,7 @@ if how == "pdl":
     config.numAttrs = 1
 
     def launch():
-        ok(d.cuLaunchKernelEx(config, f, None, None))
+        ok(d.cuLaunchKernelEx(config, f, 0, 0))
 if how == "modules":
     for _, other in others:
         ok(d.cuLaunchKernel(other, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0))

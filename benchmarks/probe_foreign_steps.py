@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What following PyTorch costs a capture, step by step (issue 42).
+
+Runs on the GPU machine, from ``benchmarks/``::
+
+    python probe_foreign_steps.py [--repeats 300]
+
+With PyTorch imported and its CUDA up, times (median host us over
+``--repeats`` calls, each step in a loop of its own) every PyTorch call a
+tensorplay capture makes to follow PyTorch: the session's preparation, a
+``torch.cuda.MemPool`` made and let go, routing allocations to it and back,
+switching PyTorch's current stream, the live-allocation check of a parked
+pool; then capture + instantiate of 1 and 10 in-place adds with foreign
+capture on and off, and the phases (begin, body, end, reset) of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import tensorplay as tp
+from tensorplay._graph import foreign
+
+
+def median_us(fn, repeats, setup=None):
+    times = []
+    for _ in range(repeats):
+        arg = setup() if setup is not None else None
+        t0 = time.perf_counter_ns()
+        fn(arg)
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=300)
+    args = ap.parse_args()
+    n = args.repeats
+    torch.zeros(1, device="cuda").add_(1)
+    x = tp.zeros(1, device="cuda")
+    x.add_(1)
+    dev = 0
+    c = torch._C
+    lib = next(lib for lib in foreign._libraries if lib.name == "torch")
+    stream = tp.cuda.Stream()
+    rows = []
+
+    def row(name, us):
+        rows.append((name, us))
+        print(f"{name:62} {us:9.2f}", flush=True)
+
+    row("begin_session (libraries looked up)", median_us(lambda _: foreign.begin_session(dev, True), n))
+    row("TorchLibrary.prepare", median_us(lambda _: lib.prepare(dev), n))
+    row("torch._C._cuda_clearCublasWorkspaces", median_us(lambda _: c._cuda_clearCublasWorkspaces(), n))
+    row("release_parked_pools (none parked)", median_us(lambda _: foreign.release_parked_pools(), n))
+    row("TorchLibrary.current_stream_handle", median_us(lambda _: lib.current_stream_handle(dev), n))
+    row("TorchLibrary.is_capturing", median_us(lambda _: lib.is_capturing(), n))
+    session = foreign.begin_session(dev, True)
+    row("ForeignSession.streams_to_join", median_us(lambda _: session.streams_to_join(), n))
+    row("torch.cuda.MemPool() made", median_us(lambda _: torch.cuda.MemPool(), n))
+    pools = []
+    row("torch.cuda.MemPool() made and kept", median_us(lambda _: pools.append(torch.cuda.MemPool()), n))
+    row("torch.cuda.MemPool() let go (never used)", median_us(lambda _: pools.pop(), n))
+    pool = torch.cuda.MemPool()
+    pid = pool.id
+    row("MemPool.id", median_us(lambda _: pool.id, n))
+
+    def route(_):
+        c._cuda_beginAllocateCurrentThreadToPool(dev, pid)
+        c._cuda_endAllocateToPool(dev, pid)
+    row("begin + end allocating to a pool", median_us(route, n))
+    prev = c._cuda_getCurrentStream(dev)
+    ext = lib._external(dev, stream)
+
+    def switch(_):
+        c._cuda_setStream(stream_id=ext.stream_id, device_index=ext.device_index, device_type=ext.device_type)
+        c._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+    row("PyTorch's current stream set and restored", median_us(switch, n))
+    row("torch._C._cuda_checkPoolLiveAllocations", median_us(lambda _: c._cuda_checkPoolLiveAllocations(dev, pid, set()), n))
+    row("_cuda_getDevice", median_us(lambda _: c._cuda_getDevice(), n))
+
+    pool_ids = iter(range(10**9))
+
+    def lib_begin_end(_):
+        state = lib.begin(dev, stream, tp.cuda.graph_pool_handle())
+        keep = lib.end(state, True)
+        keep.clear()
+    row("TorchLibrary.begin + end, a fresh pool, hold let go", median_us(lib_begin_end, n))
+    del pool_ids
+
+    def session_all(_):
+        s = foreign.begin_session(dev, True)
+        s.streams_to_join()
+        s.begin(stream, tp.cuda.graph_pool_handle())
+        s.end().clear()
+    row("a whole session (join, begin, end, hold let go)", median_us(session_all, n))
+
+    for nodes in (1, 10):
+        for on in (False, True):
+            phases = {"begin": [], "body": [], "end": [], "reset": [], "whole": []}
+            for _ in range(n):
+                g = tp.cuda.CUDAGraph()
+                tp.cuda.synchronize()
+                t0 = time.perf_counter_ns()
+                g.capture_begin(foreign=on)
+                t1 = time.perf_counter_ns()
+                for _ in range(nodes):
+                    x.add_(1)
+                t2 = time.perf_counter_ns()
+                g.capture_end()
+                t3 = time.perf_counter_ns()
+                g.reset()
+                t4 = time.perf_counter_ns()
+                for k, a, b in (("begin", t0, t1), ("body", t1, t2), ("end", t2, t3), ("reset", t3, t4),
+                                ("whole", t0, t3)):
+                    phases[k].append((b - a) / 1e3)
+            label = f"capture {nodes} add(s), foreign {'on' if on else 'off'}: "
+            print(label + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
