@@ -122,6 +122,47 @@ def main():
             label = f"capture {nodes} add(s), foreign {'on' if on else 'off'}: "
             print(label + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases.items()), flush=True)
 
+    serving_calls(n)
+
+
+def serving_calls(n):
+    """The serving step's calls, eagerly and inside an open capture (median host us)."""
+    from tpbench.common import to_library
+    from tpbench.workloads import serving_weights, tp_mlp_step
+    w = {k: to_library(tp, v, "bfloat16") for k, v in serving_weights().items()}
+    step = tp_mlp_step(w)
+    x = w["x"][:8]
+    calls = {
+        "empty 4 MiB": lambda: tp.empty((1024, 1024), device="cuda"),
+        "linear 1 (bias, gelu)": lambda: tp.linear(x, w["w1"], w["b1"], activation="gelu"),
+        "add": lambda: x + x,
+        "the whole step": lambda: step(x),
+    }
+    for name, fn in calls.items():
+        for _ in range(5):
+            fn()
+        eager = median_us(lambda _: fn(), n)
+        g = tp.cuda.CUDAGraph()
+        g.capture_begin()
+        try:
+            inside = median_us(lambda _: fn(), min(n, 200))
+        finally:
+            g.capture_end()
+        g.reset()
+        print(f"{name:40} eager {eager:8.2f}   inside a capture {inside:8.2f}", flush=True)
+    for on in (False, True):
+        per = []
+        for _ in range(n):
+            g = tp.cuda.CUDAGraph()
+            t0 = time.perf_counter_ns()
+            g.capture_begin(foreign=on)
+            step(x)
+            g.capture_end()
+            per.append((time.perf_counter_ns() - t0) / 1e3)
+            g.reset()
+        print(f"one graph of the step at batch 8, foreign {'on' if on else 'off'}: {statistics.median(per):.1f}",
+              flush=True)
+
 
 if __name__ == "__main__":
     main()
