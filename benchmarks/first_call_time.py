@@ -49,6 +49,11 @@ MODES = ("all", "largest", "on_demand")
 def settle(torch):
     gc.collect()
     torch.cuda.synchronize()
+    # PyTorch keeps a cuBLAS workspace per stream in its cache; a GraphSet's
+    # build drops them, which would count as memory the set gave back
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     torch.cuda.empty_cache()
     tp.cuda.synchronize()
     tp.cuda.empty_cache()
