@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
-
-import torch
 
 import tensorplay as tp
 from tensorplay._graph import foreign
+from tpbench.common import gpu_and_torch
 
 
 def median_us(fn, repeats, setup=None):
@@ -41,6 +41,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=300)
     args = ap.parse_args()
     n = args.repeats
+    torch, code = gpu_and_torch("the steps timed are PyTorch's")
+    if torch is None:
+        sys.exit(code)
     torch.zeros(1, device="cuda").add_(1)
     x = tp.zeros(1, device="cuda")
     x.add_(1)
