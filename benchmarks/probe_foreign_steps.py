@@ -153,19 +153,110 @@ def serving_calls(n):
             g.capture_end()
         g.reset()
         print(f"{name:40} eager {eager:8.2f}   inside a capture {inside:8.2f}", flush=True)
-    for on in (False, True):
-        per = []
-        for _ in range(n):
+    serving_graphs(step, x, n)
+    serving_set(step, w["x"])
+    attribute(step, x, min(n, 200))
+
+
+def _stat(key):
+    return tp.cuda.memory_stats().get(key, 0)
+
+
+def serving_graphs(step, x, n):
+    """One graph of the step at batch 8 in a private pool, foreign capture
+    off and on interleaved: the phases (median host us) and the device
+    allocations and frees a capture + reset made (mean)."""
+    phases = {on: {k: [] for k in ("begin", "body", "end", "reset", "whole")} for on in (False, True)}
+    counts = {on: [0, 0] for on in (False, True)}
+    for _ in range(n):
+        for on in (False, True):
+            a0, f0 = _stat("num_device_alloc"), _stat("num_device_free")
             g = tp.cuda.CUDAGraph()
             t0 = time.perf_counter_ns()
             g.capture_begin(foreign=on)
+            t1 = time.perf_counter_ns()
             step(x)
+            t2 = time.perf_counter_ns()
             g.capture_end()
-            per.append((time.perf_counter_ns() - t0) / 1e3)
+            t3 = time.perf_counter_ns()
             g.reset()
-        print(f"one graph of the step at batch 8, foreign {'on' if on else 'off'}: {statistics.median(per):.1f}",
+            t4 = time.perf_counter_ns()
+            counts[on][0] += _stat("num_device_alloc") - a0
+            counts[on][1] += _stat("num_device_free") - f0
+            for k, a, b in (("begin", t0, t1), ("body", t1, t2), ("end", t2, t3), ("reset", t3, t4),
+                            ("whole", t0, t3)):
+                phases[on][k].append((b - a) / 1e3)
+    for on in (False, True):
+        print(f"the step at batch 8, private pool, foreign {'on' if on else 'off'}: "
+              + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases[on].items())
+              + f"; device allocs {counts[on][0] / n:.2f}, frees {counts[on][1] / n:.2f} a capture", flush=True)
+
+
+def serving_set(step, x_all):
+    """The gate's serving row without PyTorch's side: 67 graphs of the step,
+    largest first, into one pool, foreign capture off and on (3 rounds
+    each, interleaved; median ms)."""
+    from tpbench.workloads import SERVING_BATCHES
+    times = {False: [], True: []}
+    for _ in range(3):
+        for on in (False, True):
+            pool = tp.cuda.graph_pool_handle()
+            graphs = []
+            tp.cuda.synchronize()
+            t0 = time.perf_counter()
+            for b in sorted(SERVING_BATCHES, reverse=True):
+                g = tp.cuda.CUDAGraph()
+                g.capture_begin(pool=pool, foreign=on)
+                graphs.append((g, step(x_all[:b])))
+                g.capture_end()
+            tp.cuda.synchronize()
+            times[on].append((time.perf_counter() - t0) * 1e3)
+            del graphs
+    for on in (False, True):
+        print(f"67 graphs into one pool, foreign {'on' if on else 'off'}: {statistics.median(times[on]):.2f} ms",
               flush=True)
 
+
+def attribute(step, x, n):
+    """Where the foreign-on capture's host time goes: the follow session's
+    functions timed in place (accumulated, us a capture; nested calls count
+    in both), over n captures of the step at batch 8 in a private pool."""
+    totals = {}
+
+    def timed(owner, name, label):
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                totals[label] = totals.get(label, 0) + time.perf_counter_ns() - t0
+        setattr(owner, name, wrapper)
+        return fn
+
+    lib_type = type(next(lib for lib in foreign._libraries if lib.name == "torch"))
+    targets = [(foreign.ForeignSession, "streams_to_join"), (foreign.ForeignSession, "begin"),
+               (foreign.ForeignSession, "end"), (lib_type, "prepare"), (lib_type, "begin"),
+               (lib_type, "end"), (lib_type, "mem_pool"), (foreign, "release_parked_pools"),
+               (foreign, "_release_parked"), (foreign._PoolHold, "__del__")]
+    saved = [(o, nm, timed(o, nm, f"{getattr(o, '__name__', o)}.{nm}")) for o, nm in targets]
+    whole = []
+    try:
+        for _ in range(n):
+            g = tp.cuda.CUDAGraph()
+            t0 = time.perf_counter_ns()
+            g.capture_begin(foreign=True)
+            step(x)
+            g.capture_end()
+            g.reset()
+            whole.append(time.perf_counter_ns() - t0)
+    finally:
+        for o, nm, fn in saved:
+            setattr(o, nm, fn)
+    print(f"attribution over {n} captures + resets of the step, foreign on: {sum(whole) / n / 1e3:.1f} us each")
+    for label, ns in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {label:60} {ns / n / 1e3:8.2f}")
 
 if __name__ == "__main__":
     main()
