@@ -23,6 +23,7 @@ import time
 
 import tensorplay as tp
 from tensorplay._graph import foreign
+from tpbench.capture import capture_phases
 from tpbench.common import gpu_and_torch
 
 
@@ -104,24 +105,15 @@ def main():
     row("a whole session (join, begin, end, hold let go)", median_us(session_all, n))
 
     for nodes in (1, 10):
+        def adds():
+            for _ in range(nodes):
+                x.add_(1)
         for on in (False, True):
-            phases = {"begin": [], "body": [], "end": [], "reset": [], "whole": []}
+            phases = {}
             for _ in range(n):
-                g = tp.cuda.CUDAGraph()
                 tp.cuda.synchronize()
-                t0 = time.perf_counter_ns()
-                g.capture_begin(foreign=on)
-                t1 = time.perf_counter_ns()
-                for _ in range(nodes):
-                    x.add_(1)
-                t2 = time.perf_counter_ns()
-                g.capture_end()
-                t3 = time.perf_counter_ns()
-                g.reset()
-                t4 = time.perf_counter_ns()
-                for k, a, b in (("begin", t0, t1), ("body", t1, t2), ("end", t2, t3), ("reset", t3, t4),
-                                ("whole", t0, t3)):
-                    phases[k].append((b - a) / 1e3)
+                for k, v in capture_phases(adds, on).items():
+                    phases.setdefault(k, []).append(v)
             label = f"capture {nodes} add(s), foreign {'on' if on else 'off'}: "
             print(label + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases.items()), flush=True)
 
@@ -166,26 +158,15 @@ def serving_graphs(step, x, n):
     """One graph of the step at batch 8 in a private pool, foreign capture
     off and on interleaved: the phases (median host us) and the device
     allocations and frees a capture + reset made (mean)."""
-    phases = {on: {k: [] for k in ("begin", "body", "end", "reset", "whole")} for on in (False, True)}
+    phases = {False: {}, True: {}}
     counts = {on: [0, 0] for on in (False, True)}
     for _ in range(n):
         for on in (False, True):
             a0, f0 = _stat("num_device_alloc"), _stat("num_device_free")
-            g = tp.cuda.CUDAGraph()
-            t0 = time.perf_counter_ns()
-            g.capture_begin(foreign=on)
-            t1 = time.perf_counter_ns()
-            step(x)
-            t2 = time.perf_counter_ns()
-            g.capture_end()
-            t3 = time.perf_counter_ns()
-            g.reset()
-            t4 = time.perf_counter_ns()
+            for k, v in capture_phases(lambda: step(x), on).items():
+                phases[on].setdefault(k, []).append(v)
             counts[on][0] += _stat("num_device_alloc") - a0
             counts[on][1] += _stat("num_device_free") - f0
-            for k, a, b in (("begin", t0, t1), ("body", t1, t2), ("end", t2, t3), ("reset", t3, t4),
-                            ("whole", t0, t3)):
-                phases[on][k].append((b - a) / 1e3)
     for on in (False, True):
         print(f"the step at batch 8, private pool, foreign {'on' if on else 'off'}: "
               + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases[on].items())

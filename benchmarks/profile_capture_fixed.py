@@ -36,24 +36,18 @@ if foreign != "default":
     tp.cuda.set_foreign_capture(foreign == "on")
 x = tp.zeros(1, device="cuda")
 x.add_(1)
-from tpbench.capture import tp_capture_adds, torch_capture_us
+from tpbench.capture import capture_phases, tp_capture_adds, torch_capture_us
 
 def capture(n):
     return tp_capture_adds(x, n)
 
 def phases(n):
     # (begin, body, end) host us of one capture of n ops
-    g = tp.cuda.CUDAGraph()
-    t0 = time.perf_counter()
-    g.capture_begin()
-    t1 = time.perf_counter()
-    for _ in range(n):
-        x.add_(1)
-    t2 = time.perf_counter()
-    g.capture_end()
-    t3 = time.perf_counter()
-    g.reset()
-    return (t1 - t0) * 1e6, (t2 - t1) * 1e6, (t3 - t2) * 1e6
+    def body():
+        for _ in range(n):
+            x.add_(1)
+    p = capture_phases(body)
+    return p["begin"], p["body"], p["end"]
 
 out = {}
 for n in (1, 100):

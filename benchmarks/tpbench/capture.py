@@ -26,6 +26,24 @@ def tp_capture_adds(x, n):
     return g
 
 
+def capture_phases(body, foreign=None, pool=None):
+    """Host us of one capture of ``body()`` into a new graph, by phase:
+    {"begin", "body", "end", "reset", "whole"} (whole: begin to end, the
+    reset not included)."""
+    g = tp.cuda.CUDAGraph()
+    t0 = time.perf_counter_ns()
+    g.capture_begin(pool=pool, foreign=foreign)
+    t1 = time.perf_counter_ns()
+    body()
+    t2 = time.perf_counter_ns()
+    g.capture_end()
+    t3 = time.perf_counter_ns()
+    g.reset()
+    t4 = time.perf_counter_ns()
+    return {"begin": (t1 - t0) / 1e3, "body": (t2 - t1) / 1e3, "end": (t3 - t2) / 1e3,
+            "reset": (t4 - t3) / 1e3, "whole": (t3 - t0) / 1e3}
+
+
 def capture_rows(sizes, repeats, torch):
     for n in sizes:
         case = f"{n} nodes"
