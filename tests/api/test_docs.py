@@ -179,3 +179,41 @@ def test_readme_and_docs_name_only_files_of_the_repository():
             elif not (root / name).exists():
                 bad.append(f"{page.relative_to(root)}: {name} does not exist")
     assert not bad, "\n".join(bad)
+
+
+def test_the_readme_lists_every_example():
+    """Each script of examples/ is named in the README's list of examples."""
+    readme = (pathlib.Path(ROOT) / "README.md").read_text()
+    listed = readme[readme.index("- `examples/`:"):]
+    listed = listed[:listed.index("\n\n")]
+    missing = [p.name for p in sorted((pathlib.Path(ROOT) / "examples").glob("*.py")) if f"`{p.name}`" not in listed]
+    assert not missing, f"the README's list of examples leaves out {missing}"
+
+
+def _section_code(page, heading):
+    """The first ```python block after ``heading`` in docs/``page``."""
+    text = (pathlib.Path(DOCS) / page).read_text()
+    text = text[text.index(heading):]
+    start = text.index("```python\n") + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+def test_the_getting_started_cpu_snippet_prints_what_it_says(tmp_path):
+    """The "Without a GPU" snippet runs with CUDA switched off and prints
+    what its comments say (the last line names why CUDA is unavailable,
+    which depends on the machine: only its first word is checked)."""
+    code = _section_code("getting-started.md", "## Without a GPU")
+    expected = []
+    for line in code.splitlines():
+        if line.startswith("print(") and "#" in line:
+            expected.append(line.split("#", 1)[1].strip())
+        elif line.startswith(("# tensor(", "# False")):      # the output of the print above
+            expected.append(line[2:].strip())
+    env = dict(os.environ, TENSORPLAY_DISABLE_CUDA="1")
+    res = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = [line.strip() for line in res.stdout.splitlines() if line.strip()]
+    assert len(expected) >= 4, f"the snippet's expected outputs were not found: {expected}"
+    assert got[:3] == expected[:3], f"printed {got[:3]}, the page says {expected[:3]}"
+    assert got[3].split()[0] == expected[3].split()[0], f"printed {got[3]!r}, the page says {expected[3]!r}"
