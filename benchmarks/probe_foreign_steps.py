@@ -24,17 +24,8 @@ import time
 import tensorplay as tp
 from tensorplay._graph import foreign
 from tpbench.capture import capture_phases
-from tpbench.common import gpu_and_torch
-
-
-def median_us(fn, repeats, setup=None):
-    times = []
-    for _ in range(repeats):
-        arg = setup() if setup is not None else None
-        t0 = time.perf_counter_ns()
-        fn(arg)
-        times.append((time.perf_counter_ns() - t0) / 1e3)
-    return statistics.median(times)
+from tpbench.common import gpu_and_torch, median_host_us, to_library
+from tpbench.workloads import SERVING_BATCHES, serving_weights, tp_mlp_step
 
 
 def main():
@@ -52,57 +43,53 @@ def main():
     c = torch._C
     lib = next(lib for lib in foreign._libraries if lib.name == "torch")
     stream = tp.cuda.Stream()
-    rows = []
 
     def row(name, us):
-        rows.append((name, us))
         print(f"{name:62} {us:9.2f}", flush=True)
 
-    row("begin_session (libraries looked up)", median_us(lambda _: foreign.begin_session(dev, True), n))
-    row("TorchLibrary.prepare", median_us(lambda _: lib.prepare(dev), n))
-    row("torch._C._cuda_clearCublasWorkspaces", median_us(lambda _: c._cuda_clearCublasWorkspaces(), n))
-    row("release_parked_pools (none parked)", median_us(lambda _: foreign.release_parked_pools(), n))
-    row("TorchLibrary.current_stream_handle", median_us(lambda _: lib.current_stream_handle(dev), n))
-    row("TorchLibrary.is_capturing", median_us(lambda _: lib.is_capturing(), n))
+    row("begin_session (libraries looked up)", median_host_us(lambda: foreign.begin_session(dev, True), n))
+    row("TorchLibrary.prepare", median_host_us(lambda: lib.prepare(dev), n))
+    row("torch._C._cuda_clearCublasWorkspaces", median_host_us(lambda: c._cuda_clearCublasWorkspaces(), n))
+    row("release_parked_pools (none parked)", median_host_us(lambda: foreign.release_parked_pools(), n))
+    row("TorchLibrary.current_stream_handle", median_host_us(lambda: lib.current_stream_handle(dev), n))
+    row("TorchLibrary.is_capturing", median_host_us(lambda: lib.is_capturing(), n))
     session = foreign.begin_session(dev, True)
-    row("ForeignSession.streams_to_join", median_us(lambda _: session.streams_to_join(), n))
-    row("torch.cuda.MemPool() made", median_us(lambda _: torch.cuda.MemPool(), n))
+    row("ForeignSession.streams_to_join", median_host_us(lambda: session.streams_to_join(), n))
+    row("torch.cuda.MemPool() made", median_host_us(lambda: torch.cuda.MemPool(), n))
     pools = []
-    row("torch.cuda.MemPool() made and kept", median_us(lambda _: pools.append(torch.cuda.MemPool()), n))
-    row("torch.cuda.MemPool() let go (never used)", median_us(lambda _: pools.pop(), n))
+    row("torch.cuda.MemPool() made and kept", median_host_us(lambda: pools.append(torch.cuda.MemPool()), n))
+    row("torch.cuda.MemPool() let go (never used)", median_host_us(lambda: pools.pop(), n))
     pool = torch.cuda.MemPool()
     pid = pool.id
-    row("MemPool.id", median_us(lambda _: pool.id, n))
+    row("MemPool.id", median_host_us(lambda: pool.id, n))
 
-    def route(_):
+    def route():
         c._cuda_beginAllocateCurrentThreadToPool(dev, pid)
         c._cuda_endAllocateToPool(dev, pid)
-    row("begin + end allocating to a pool", median_us(route, n))
+    row("begin + end allocating to a pool", median_host_us(route, n))
     prev = c._cuda_getCurrentStream(dev)
     ext = lib._external(dev, stream)
 
-    def switch(_):
+    def switch():
         c._cuda_setStream(stream_id=ext.stream_id, device_index=ext.device_index, device_type=ext.device_type)
         c._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
-    row("PyTorch's current stream set and restored", median_us(switch, n))
-    row("torch._C._cuda_checkPoolLiveAllocations", median_us(lambda _: c._cuda_checkPoolLiveAllocations(dev, pid, set()), n))
-    row("_cuda_getDevice", median_us(lambda _: c._cuda_getDevice(), n))
+    row("PyTorch's current stream set and restored", median_host_us(switch, n))
+    row("torch._C._cuda_checkPoolLiveAllocations",
+        median_host_us(lambda: c._cuda_checkPoolLiveAllocations(dev, pid, set()), n))
+    row("_cuda_getDevice", median_host_us(lambda: c._cuda_getDevice(), n))
 
-    pool_ids = iter(range(10**9))
-
-    def lib_begin_end(_):
+    def lib_begin_end():
         state = lib.begin(dev, stream, tp.cuda.graph_pool_handle())
         keep = lib.end(state, True)
         keep.clear()
-    row("TorchLibrary.begin + end, a fresh pool, hold let go", median_us(lib_begin_end, n))
-    del pool_ids
+    row("TorchLibrary.begin + end, a fresh pool, hold let go", median_host_us(lib_begin_end, n))
 
-    def session_all(_):
+    def session_all():
         s = foreign.begin_session(dev, True)
         s.streams_to_join()
         s.begin(stream, tp.cuda.graph_pool_handle())
         s.end().clear()
-    row("a whole session (join, begin, end, hold let go)", median_us(session_all, n))
+    row("a whole session (join, begin, end, hold let go)", median_host_us(session_all, n))
 
     for nodes in (1, 10):
         def adds():
@@ -122,8 +109,6 @@ def main():
 
 def serving_calls(n):
     """The serving step's calls, eagerly and inside an open capture (median host us)."""
-    from tpbench.common import to_library
-    from tpbench.workloads import serving_weights, tp_mlp_step
     w = {k: to_library(tp, v, "bfloat16") for k, v in serving_weights().items()}
     step = tp_mlp_step(w)
     x = w["x"][:8]
@@ -136,11 +121,11 @@ def serving_calls(n):
     for name, fn in calls.items():
         for _ in range(5):
             fn()
-        eager = median_us(lambda _: fn(), n)
+        eager = median_host_us(lambda: fn(), n)
         g = tp.cuda.CUDAGraph()
         g.capture_begin()
         try:
-            inside = median_us(lambda _: fn(), min(n, 200))
+            inside = median_host_us(lambda: fn(), min(n, 200))
         finally:
             g.capture_end()
         g.reset()
@@ -177,7 +162,6 @@ def serving_set(step, x_all):
     """The gate's serving row without PyTorch's side: 67 graphs of the step,
     largest first, into one pool, foreign capture off and on (3 rounds
     each, interleaved; median ms)."""
-    from tpbench.workloads import SERVING_BATCHES
     times = {False: [], True: []}
     for _ in range(3):
         for on in (False, True):
@@ -238,6 +222,7 @@ def attribute(step, x, n):
     print(f"attribution over {n} captures + resets of the step, foreign on: {sum(whole) / n / 1e3:.1f} us each")
     for label, ns in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"  {label:60} {ns / n / 1e3:8.2f}")
+
 
 if __name__ == "__main__":
     main()

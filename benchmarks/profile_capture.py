@@ -32,16 +32,7 @@ import struct
 import time
 
 import tensorplay as tp
-
-
-def _median_us(fn, repeats, sync=None):
-    per = []
-    for _ in range(repeats):
-        (sync or tp.cuda.synchronize)()
-        t0 = time.perf_counter()
-        fn()
-        per.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(per)
+from tpbench.common import median_host_us
 
 
 def _phases(x, new_graph, sync, side_stream, n, repeats):
@@ -52,7 +43,7 @@ def _phases(x, new_graph, sync, side_stream, n, repeats):
         for _ in range(n):
             x.add_(1)
 
-    eager = _median_us(ops, repeats, sync)
+    eager = median_host_us(ops, repeats, sync)
     captured, ends, firsts = [], [], []
     for _ in range(repeats):
         g = new_graph()

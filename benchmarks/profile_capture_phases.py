@@ -47,15 +47,6 @@ def _check(result):
     return result[1] if isinstance(result, tuple) and len(result) == 2 else None
 
 
-def median_us(fn, repeats):
-    per = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        per.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(per)
-
-
 def driver_phases(graph_handle, stream_handle, repeats):
     """Median us of instantiate, upload, instantiate+upload flag, destroy on one CUgraph."""
     graph = driver.CUgraph(graph_handle)

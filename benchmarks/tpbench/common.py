@@ -119,6 +119,18 @@ def interleaved_host(contenders, calls, rounds):
     return {name: statistics.median(v) for name, v in per.items()}
 
 
+def median_host_us(fn, repeats, sync=None):
+    """Median host time of one ``fn()`` in µs (after ``sync()``, when given)."""
+    per = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        per.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(per)
+
+
 def latency(fn, repeats, sync):
     """Median wall time of one ``fn()`` between two synchronizations, in µs."""
     per = []
