@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where the serving capture's time goes, graph by graph (issue 42).
+
+Runs on the GPU machine, from ``benchmarks/``::
+
+    python probe_serving_phases.py [--rounds 5]
+
+The serving section's 67 graphs of the MLP step (batch 512 down to 1, one
+pool), captured by tensorplay with foreign capture on and off, by
+``torch.cuda.graph`` and by PyTorch's ``capture_begin``/``capture_end``,
+rounds interleaved (median ms a set); for tensorplay, the median host us
+a graph of each phase (graph made, capture_begin, the input sliced, each
+op, capture_end); the driver's share of one graph (cuGraphInstantiate of
+the captured graphs, an empty capture begun and ended); the step's ops
+eagerly; and what ``torch.cuda.graph`` does on entry besides capturing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+
+import tensorplay as tp
+from tpbench.common import gpu_and_torch, median_host_us, to_library
+from tpbench.workloads import SERVING_BATCHES, serving_weights
+
+PHASES = ("graph made", "capture_begin", "slice", "linear 1", "linear 2", "add", "capture_end")
+
+
+def tp_set(w, foreign, phases):
+    """One set of tensorplay graphs; each phase's host us appended to ``phases``."""
+    pool = tp.cuda.graph_pool_handle()
+    graphs = []
+    x = w["x"]
+    clock = time.perf_counter
+    tp.cuda.synchronize()
+    start = clock()
+    for b in sorted(SERVING_BATCHES, reverse=True):
+        t0 = clock()
+        g = tp.cuda.CUDAGraph()
+        t1 = clock()
+        g.capture_begin(pool=pool, foreign=foreign)
+        t2 = clock()
+        xb = x[:b]
+        t3 = clock()
+        h = tp.linear(xb, w["w1"], w["b1"], activation="gelu")
+        t4 = clock()
+        y = tp.linear(h, w["w2"], w["b2"])
+        t5 = clock()
+        out = y + xb
+        t6 = clock()
+        g.capture_end()
+        t7 = clock()
+        del h, y
+        graphs.append((g, out))
+        for name, a, b_ in zip(PHASES, (t0, t1, t2, t3, t4, t5, t6), (t1, t2, t3, t4, t5, t6, t7)):
+            phases.setdefault(name, []).append((b_ - a) * 1e6)
+    tp.cuda.synchronize()
+    return (clock() - start) * 1e3, graphs
+
+
+def torch_set(torch, w, raw, side):
+    F = torch.nn.functional
+    pool = torch.cuda.graph_pool_handle()
+    graphs = []
+    x = w["x"]
+
+    def step(xb):
+        h = F.gelu(F.linear(xb, w["w1"], w["b1"]), approximate="tanh")
+        return F.linear(h, w["w2"], w["b2"]) + xb
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for b in sorted(SERVING_BATCHES, reverse=True):
+        g = torch.cuda.CUDAGraph()
+        if raw:
+            with torch.cuda.stream(side):
+                g.capture_begin(pool=pool)
+                out = step(x[:b])
+                g.capture_end()
+        else:
+            with torch.cuda.graph(g, pool=pool):
+                out = step(x[:b])
+        graphs.append((g, out))
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3, graphs
+
+
+def driver_share(graphs, repeats):
+    """Median us of cuGraphInstantiate + destroy over the captured graphs, and of
+    an empty capture begun and ended on a fresh stream (cuda.bindings' calls)."""
+    from cuda.bindings import driver
+    inst = []
+    for g, _ in graphs:
+        handle = driver.CUgraph(g.graph_handle)
+        t0 = time.perf_counter()
+        err, ex = driver.cuGraphInstantiate(handle, 0)
+        t1 = time.perf_counter()
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        driver.cuGraphExecDestroy(ex)
+        inst.append((t1 - t0) * 1e6)
+    stream = tp.cuda.Stream()
+    s = driver.CUstream(stream.handle)
+    mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+
+    def empty_capture():
+        driver.cuStreamBeginCapture(s, mode)
+        err, graph = driver.cuStreamEndCapture(s)
+        driver.cuGraphDestroy(graph)
+    return statistics.median(inst), median_host_us(empty_capture, repeats)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=300)
+    args = ap.parse_args()
+    torch, code = gpu_and_torch("the sets are timed beside PyTorch's")
+    if torch is None:
+        sys.exit(code)
+    weights = serving_weights()
+    tw = {k: to_library(torch, v, "bfloat16") for k, v in weights.items()}
+    w = {k: to_library(tp, v, "bfloat16") for k, v in weights.items()}
+    side = torch.cuda.Stream()
+    for b in SERVING_BATCHES:                         # kernels, plans, cuBLAS handles
+        tp.linear(tp.linear(w["x"][:b], w["w1"], w["b1"], activation="gelu"), w["w2"], w["b2"]) + w["x"][:b]
+    tp_set(w, None, {})
+    torch_set(torch, tw, False, side)
+    torch_set(torch, tw, True, side)
+    sets = {"tensorplay, foreign on": [], "tensorplay, foreign off": [],
+            "torch.cuda.graph": [], "PyTorch capture_begin/end": []}
+    phases = {True: {}, False: {}}
+    kept = None
+    for _ in range(args.rounds):
+        for on in (True, False):
+            ms, graphs = tp_set(w, on, phases[on])
+            sets[f"tensorplay, foreign {'on' if on else 'off'}"].append(ms)
+            if not on:
+                kept = graphs
+            del graphs
+        for raw, name in ((False, "torch.cuda.graph"), (True, "PyTorch capture_begin/end")):
+            ms, graphs = torch_set(torch, tw, raw, side)
+            sets[name].append(ms)
+            del graphs
+        gc.collect()
+    torch_ms = statistics.median(sets["torch.cuda.graph"])
+    for name, v in sets.items():
+        print(f"67 graphs, {name:28} {statistics.median(v):7.2f} ms  ({statistics.median(v) / torch_ms:.3f} "
+              f"of torch.cuda.graph; rounds {' '.join(f'{t:.2f}' for t in v)})", flush=True)
+    print("per graph, median host us:")
+    for on in (True, False):
+        print(f"  foreign {'on ' if on else 'off'}: " + ", ".join(
+            f"{k} {statistics.median(v):.1f}" for k, v in phases[on].items()), flush=True)
+    inst, empty = driver_share(kept, args.repeats)
+    print(f"driver: cuGraphInstantiate of a serving graph {inst:.1f} us (median over 67); "
+          f"an empty capture begun and ended {empty:.1f} us", flush=True)
+    del kept
+    xb = w["x"][:256]
+    h = tp.linear(xb, w["w1"], w["b1"], activation="gelu")
+    y = tp.linear(h, w["w2"], w["b2"])
+    n = args.repeats
+    print("eager at batch 256, host us: "
+          f"slice {median_host_us(lambda: w['x'][:256], n):.1f}, "
+          f"linear 1 {median_host_us(lambda: tp.linear(xb, w['w1'], w['b1'], activation='gelu'), n):.1f}, "
+          f"linear 2 {median_host_us(lambda: tp.linear(h, w['w2'], w['b2']), n):.1f}, "
+          f"add {median_host_us(lambda: y + xb, n):.1f}", flush=True)
+    tp.cuda.synchronize()
+    from tensorplay._frames import call_site
+    from tensorplay._graph import foreign
+    from tensorplay._graph.collectives import note_capture
+    g = tp.cuda.CUDAGraph()
+    s = tp.cuda.Stream()
+    cur = tp.cuda.current_stream()
+    print("pieces, host us: "
+          f"CUDAGraph() {median_host_us(tp.cuda.CUDAGraph, n):.2f}, "
+          f"call_site() {median_host_us(call_site, n):.2f}, "
+          f"current_stream() {median_host_us(tp.cuda.current_stream, n):.2f}, "
+          f"set_stream {median_host_us(lambda: tp.cuda.set_stream(cur), n):.2f}, "
+          f"begin_session {median_host_us(lambda: foreign.begin_session(0, None), n):.2f}, "
+          f"note_capture {median_host_us(lambda: note_capture(g), n):.2f}, "
+          f"empty_cuda 4 MiB {median_host_us(lambda: tp.empty(1 << 20, device='cuda'), n):.2f}", flush=True)
+    del s
+    print("torch.cuda.graph's entry, host us: "
+          f"gc.collect() {median_host_us(gc.collect, 30):.1f}, "
+          f"torch.cuda.synchronize() {median_host_us(torch.cuda.synchronize, n):.1f}, "
+          f"torch.cuda.empty_cache() {median_host_us(torch.cuda.empty_cache, n):.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
