@@ -19,7 +19,7 @@ import pytest
 
 import tensorplay as tp
 from helpers import run_python
-from tensorplay._graph import foreign
+from tensorplay._graph import foreign, foreign_cupy
 from tensorplay._graph import structured as _structured
 from tensorplay._graph.conditionals import IF_NODE, WHILE_NODE
 
@@ -773,14 +773,14 @@ def test_cupy_allocations_come_from_tensorplays_allocator(fake_cupy, monkeypatch
     def allocate(nbytes, device, stream):
         made.append((nbytes, device, stream))
         return Allocation()
-    monkeypatch.setattr(foreign, "allocate", allocate)
-    monkeypatch.setattr(foreign, "current_stream_handle_of", lambda device: 0x2000 + device)
+    monkeypatch.setattr(foreign_cupy, "allocate", allocate)
+    monkeypatch.setattr(foreign_cupy, "current_stream_handle_of", lambda device: 0x2000 + device)
     lib = foreign.CupyLibrary()
     state = lib.begin(1, CaptureStream(0x1000), 5)
     ptr = fake_cupy.allocator(4096)
     assert made == [(4096, 1, 0x2001)]                        # on the current (capture or body) stream
     assert ptr.offset == 0 and ptr.mem.ptr == 0xABC000 and ptr.mem.size == 4096 and ptr.mem.device_id == 1
-    assert isinstance(ptr.mem.owner, foreign._CupyBlock) and isinstance(ptr.mem.owner.allocation, Allocation)
+    assert isinstance(ptr.mem.owner, foreign_cupy._CupyBlock) and isinstance(ptr.mem.owner.allocation, Allocation)
     lib.end(state, True)
 
 
@@ -911,3 +911,46 @@ def test_torch_library_raw_calls_route_by_pool_id_and_restore(fake_torch):
         assert fake_torch.device_now == 0 and raw.pool_uses == {pool_id: 0}
     finally:
         del FakeTorchStream.stream_id, FakeTorchStream.device_type
+
+
+def test_cupy_routing_uses_the_thread_local_allocator_calls_where_cupy_has_them(fake_cupy):
+    """CuPy's thread-local allocator set and put back directly (no
+    using_allocator generator), once however often the routing ends."""
+    calls = []
+    state = {"allocator": None}
+
+    def get():
+        calls.append("get")
+        return state["allocator"]
+
+    def put(fn):
+        calls.append(("set", fn))
+        state["allocator"] = fn
+    fake_cupy.module.cuda.memory = types.SimpleNamespace(_get_thread_local_allocator=get,
+                                                         _set_thread_local_allocator=put)
+    lib = foreign.CupyLibrary()
+    st = lib.begin(0, CaptureStream(0x1000), 5)
+    routed = state["allocator"]
+    assert callable(routed) and ("route",) not in fake_cupy.log
+    lib.pause(st)
+    assert state["allocator"] is None
+    lib.resume(st)
+    assert state["allocator"] is routed
+    lib.end(st, True)
+    lib.end(st, True)                                        # a second end changes nothing
+    assert state["allocator"] is None and fake_cupy.current[0].ptr == 0
+    assert calls == ["get", ("set", routed), ("set", None), "get", ("set", routed), ("set", None)]
+
+
+def test_cupy_stream_wrappers_are_made_once_per_stream(fake_cupy):
+    made = []
+    real = fake_cupy.external_stream
+
+    def external(ptr, device_id=-1):
+        made.append(ptr)
+        return real(ptr, device_id)
+    fake_cupy.module.cuda.ExternalStream = external
+    lib = foreign.CupyLibrary()
+    for _ in range(3):
+        lib.end(lib.begin(0, CaptureStream(0x1000), 5), True)
+    assert made == [0x1000] and fake_cupy.current[0].ptr == 0
