@@ -304,16 +304,19 @@ class TorchLibrary(Library):
         """PyTorch's pool for tensorplay pool ``pool_id`` on ``device`` and its id."""
         key = (device, pool_id)
         entry = self._pool_ids.get(key)
-        pool = entry[0]() if entry is not None else None
-        if pool is None:
-            pool = self.mem_pool(device, pool_id, current_device)
-            ids = self._pool_ids
+        if entry is not None:
+            pool = entry[0]()
+            if pool is not None:
+                return pool, entry[1]
+        pool = self.mem_pool(device, pool_id, current_device)
+        ids = self._pool_ids
 
-            def forget(ref: Any, key: tuple[int, int] = key) -> None:
-                if ids.get(key, (None,))[0] is ref:
-                    ids.pop(key, None)
-            entry = self._pool_ids[key] = (weakref.ref(pool, forget), pool.id)
-        return pool, entry[1]
+        def forget(ref: Any, key: tuple[int, int] = key) -> None:
+            if ids.get(key, (None,))[0] is ref:
+                ids.pop(key, None)
+        torch_pool_id = pool.id
+        ids[key] = (weakref.ref(pool, forget), torch_pool_id)
+        return pool, torch_pool_id
 
     def _stream_id(self, device: int, stream: Stream) -> tuple[int, int, int]:
         """(stream id, device index, device type) of PyTorch's wrapper of ``stream``."""
@@ -392,7 +395,7 @@ class TorchLibrary(Library):
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
         device, prev_device, prev_stream, pool, torch_pool_id, routing = state
-        raw = self._raw_of[1] if routing is None else None     # begin() found the raw calls
+        raw = self._raw(sys.modules["torch"]) if routing is None else None     # begin() found the raw calls
         try:
             if on_capture_thread:
                 if raw is None:
