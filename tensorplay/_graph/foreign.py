@@ -331,8 +331,7 @@ class TorchLibrary(Library):
 
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         torch = sys.modules["torch"]
-        cached = self._raw_of
-        raw = cached[1] if cached is not None and cached[0] is torch else self._raw(torch)
+        raw = self._raw(torch)
         if raw is None:
             return self._begin_wrapped(torch, device, stream, pool_id)
         # PyTorch's own calls only, each once: this runs at every capture
@@ -346,8 +345,9 @@ class TorchLibrary(Library):
         except BaseException:
             self._end_routing(raw, None, device, torch_pool_id)
             raise
-        # a list: pause() and resume() replace the routing (index 5)
-        return [device, prev_device, prev_stream, pool, torch_pool_id, None]
+        # a list: pause() and resume() replace the routing (index 5); end() uses the
+        # calls begin() used (index 6), whatever _raw answers by then
+        return [device, prev_device, prev_stream, pool, torch_pool_id, None, raw]
 
     def _begin_wrapped(self, torch: Any, device: int, stream: Stream, pool_id: int) -> Any:
         """begin() through torch.cuda's Python API (a PyTorch without the raw calls)."""
@@ -362,7 +362,7 @@ class TorchLibrary(Library):
         except BaseException:
             routing.__exit__(None, None, None)
             raise
-        return [device, prev_device, prev_stream, pool, None, routing]
+        return [device, prev_device, prev_stream, pool, None, routing, None]
 
     @staticmethod
     def _end_routing(raw: Any, routing: Any, device: int, torch_pool_id: Any) -> None:
@@ -378,24 +378,20 @@ class TorchLibrary(Library):
         sys.modules["torch"].cuda.set_stream(self._external(state[0], stream))
 
     def pause(self, state: Any) -> None:
-        torch = sys.modules["torch"]
-        device, torch_pool_id, routing = state[0], state[4], state[5]
-        raw = self._raw(torch) if routing is None else None
+        device, torch_pool_id, routing, raw = state[0], state[4], state[5], state[6]
         self._end_routing(raw, routing, device, torch_pool_id)      # the MemPool object keeps the pool alive
 
     def resume(self, state: Any) -> None:
-        torch = sys.modules["torch"]
-        device, pool, torch_pool_id, routing = state[0], state[3], state[4], state[5]
-        if routing is None:
-            self._raw(torch)._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
+        device, pool, torch_pool_id, raw = state[0], state[3], state[4], state[6]
+        if raw is not None:
+            raw._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
         else:
-            routing = torch.cuda.use_mem_pool(pool, device)
+            routing = sys.modules["torch"].cuda.use_mem_pool(pool, device)
             routing.__enter__()
             state[5] = routing
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
-        device, prev_device, prev_stream, pool, torch_pool_id, routing = state
-        raw = self._raw(sys.modules["torch"]) if routing is None else None     # begin() found the raw calls
+        device, prev_device, prev_stream, pool, torch_pool_id, routing, raw = state
         try:
             if on_capture_thread:
                 if raw is None:

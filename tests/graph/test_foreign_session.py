@@ -954,3 +954,60 @@ def test_cupy_stream_wrappers_are_made_once_per_stream(fake_cupy):
     for _ in range(3):
         lib.end(lib.begin(0, CaptureStream(0x1000), 5), True)
     assert made == [0x1000] and fake_cupy.current[0].ptr == 0
+
+
+class FakeRawC:
+    """PyTorch's raw calls (torch._C) that TorchLibrary uses where they all exist, logged."""
+
+    def __init__(self, torch):
+        self.torch, self.log, self.device = torch, [], 0
+        self.stream = (0, 0, 1)
+
+    def _cuda_beginAllocateCurrentThreadToPool(self, device, pool_id):
+        self.log.append(("route", device, pool_id))
+
+    def _cuda_endAllocateToPool(self, device, pool_id):
+        self.log.append(("unroute", device, pool_id))
+
+    def _cuda_releasePool(self, device, pool_id):
+        self.log.append(("release", device, pool_id))
+
+    def _cuda_getCurrentStream(self, device):
+        return self.stream
+
+    def _cuda_setStream(self, stream_id, device_index, device_type):
+        self.log.append(("set_stream", stream_id, device_index))
+        self.stream = (stream_id, device_index, device_type)
+
+    def _cuda_getDevice(self):
+        return self.device
+
+    def _cuda_setDevice(self, device):
+        self.log.append(("set_device", device))
+        self.device = device
+
+    def _cuda_checkPoolLiveAllocations(self, device, pool_id, allowed):
+        return True
+
+
+def test_torch_raw_calls_begin_and_end_a_capture_each_once(fake_torch, monkeypatch):
+    """With PyTorch's raw calls, a capture makes each once (the pool's id and
+    the stream's ids are kept from the first capture), and end() undoes what
+    begin() did with the same calls, whatever _raw answers by then."""
+    raw = FakeRawC(fake_torch)
+    fake_torch.module._C = raw
+    fake_torch.module.cuda.ExternalStream = lambda handle, device=None: types.SimpleNamespace(
+        stream_id=handle, device_index=device, device_type=1)
+    lib = foreign.TorchLibrary()
+    for _ in range(2):
+        raw.log.clear()
+        state = lib.begin(0, CaptureStream(0x1000), 7)
+        pool_id = lib.mem_pool(0, 7).id
+        assert raw.log == [("route", 0, pool_id), ("set_stream", 0x1000, 0)]
+        monkeypatch.setattr(foreign.TorchLibrary, "_raw", lambda self, torch: None)
+        keep = lib.end(state, True)
+        monkeypatch.undo()
+        monkeypatch.setitem(sys.modules, "torch", fake_torch.module)
+        assert raw.log[2:] == [("set_stream", 0, 0), ("unroute", 0, pool_id), ("release", 0, pool_id)]
+        assert raw.stream == (0, 0, 1) and len(keep) == 1
+    assert _events(fake_torch, "mem_pool") == [("mem_pool", 0)]        # one pool for both captures
