@@ -37,17 +37,15 @@ from typing import Any
 
 import numpy
 
-from tensorplay._driver.stream import Stream
+from tensorplay._driver.stream import Stream, current_stream_handle_of
 from tensorplay._driver.teardown import teardown_waits
 from tensorplay._memory import vmm
-from tensorplay._memory.allocator import is_sleepable
+from tensorplay._memory.allocator import allocate, is_sleepable
 from tensorplay._tensor.base import TensorBase
 from tensorplay._tensor.transfer import foreign_converter
 from tensorplay._graph.registry import open_captures
 from tensorplay._graph.collectives import explain_collective_error
 from tensorplay._graph.compiled import explain_compile_error, watch_compiles
-from tensorplay._graph.foreign_library import Library
-from tensorplay._graph.foreign_cupy import CupyLibrary
 
 __all__ = ["ForeignRandomError", "ForeignSession", "Library", "OutsidePoolBlock", "TorchLibrary", "CupyLibrary",
            "begin_session", "explain_capture_error", "foreign_capture_libraries", "foreign_capture_stream",
@@ -70,6 +68,56 @@ ForeignRandomError.__module__ = "tensorplay.cuda"     # its public path, in trac
 
 
 # ------------------------------------------------------------------ libraries
+
+class Library:
+    """What a followed library does at a capture's steps. Subclass it for a
+    library with a current stream of its own; ``register_library`` it."""
+
+    #: the name in ``foreign_capture_libraries()`` and errors
+    name = "library"
+    #: the module that must already be imported for the library to be followed
+    module = ""
+
+    def is_loaded(self) -> bool:
+        """True when the library is imported and can run on the GPU."""
+        return self.module in sys.modules
+
+    def current_stream_handle(self, device: int) -> int | None:
+        """The raw handle of the library's current stream on ``device`` (this
+        thread), which the capture stream waits for; None to skip."""
+        return None
+
+    def prepare(self, device: int) -> None:
+        """Before the capture begins: what cannot be done inside it."""
+
+    def is_capturing(self) -> bool:
+        """True while the library's current stream on this thread is being
+        captured (by the library itself, or into a tensorplay graph):
+        tensorplay's teardown then waits (tensorplay._driver.teardown)."""
+        return False
+
+    def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
+        """The capture began on ``stream`` into pool ``pool_id``: route
+        allocations, make ``stream`` current; return the state to restore."""
+        raise NotImplementedError
+
+    def follow(self, state: Any, stream: Stream) -> None:
+        """Make ``stream`` (a conditional body's, or the parent's again) current."""
+        raise NotImplementedError
+
+    def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
+        """Restore what ``begin`` changed; return objects the graph keeps.
+        Off the capture's thread (a graph reset or collected elsewhere)
+        only what is not per-thread is restored."""
+        raise NotImplementedError
+
+    def pause(self, state: Any) -> None:
+        """Stop routing this thread's allocations into the capture's memory
+        (``CUDAGraph.outside_pool``); the stream stays the capture's."""
+
+    def resume(self, state: Any) -> None:
+        """Route allocations into the capture's memory again, after ``pause``."""
+
 
 class _PoolHold:
     """A graph's hold on PyTorch's pool for one tensorplay pool. When a hold
@@ -178,12 +226,8 @@ class TorchLibrary(Library):
 
     def __init__(self) -> None:
         self._pools: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
-        # (device, tensorplay pool) -> (weak reference to PyTorch's pool, its id): read at every capture,
-        # where the dictionary lookup and MemPool.id property of mem_pool() cost a few us
-        self._pool_ids: dict[tuple[int, int], tuple[Any, Any]] = {}
         self._lock = threading.Lock()
         self._streams: dict[tuple[int, int], Any] = {}   # PyTorch's wrappers of our streams
-        self._stream_ids: dict[tuple[int, int], tuple[int, int, int]] = {}   # what _cuda_setStream takes
         self._allocator: Any = None                        # for sleepable pools' MemPools
         self._available: Any = None                        # the torch module whose CUDA was available
         self._tls = threading.local()                      # .blas: devices whose cuBLAS handle exists here
@@ -300,69 +344,40 @@ class TorchLibrary(Library):
             cached = self._raw_of = (torch, c if all(hasattr(c, n) for n in self._RAW_CALLS) else None)
         return cached[1]
 
-    def _pool_and_id(self, device: int, pool_id: int, current_device: int) -> tuple[Any, Any]:
-        """PyTorch's pool for tensorplay pool ``pool_id`` on ``device`` and its id."""
-        key = (device, pool_id)
-        entry = self._pool_ids.get(key)
-        if entry is not None:
-            pool = entry[0]()
-            if pool is not None:
-                return pool, entry[1]
-        pool = self.mem_pool(device, pool_id, current_device)
-        ids = self._pool_ids
-
-        def forget(ref: Any, key: tuple[int, int] = key) -> None:
-            if ids.get(key, (None,))[0] is ref:
-                ids.pop(key, None)
-        torch_pool_id = pool.id
-        ids[key] = (weakref.ref(pool, forget), torch_pool_id)
-        return pool, torch_pool_id
-
-    def _stream_id(self, device: int, stream: Stream) -> tuple[int, int, int]:
-        """(stream id, device index, device type) of PyTorch's wrapper of ``stream``."""
-        key = (device, stream.handle)
-        sid = self._stream_ids.get(key)
-        if sid is None:
-            ext = self._external(device, stream)
-            if len(self._stream_ids) >= 256:
-                self._stream_ids.clear()
-            sid = self._stream_ids[key] = (ext.stream_id, ext.device_index, ext.device_type)
-        return sid
-
     def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
         torch = sys.modules["torch"]
         raw = self._raw(torch)
-        if raw is None:
-            return self._begin_wrapped(torch, device, stream, pool_id)
-        # PyTorch's own calls only, each once: this runs at every capture
-        prev_device = raw._cuda_getDevice()
-        pool, torch_pool_id = self._pool_and_id(device, pool_id, prev_device)
-        sid, index, kind = self._stream_id(device, stream)
-        prev_stream = raw._cuda_getCurrentStream(device)       # (id, device index, device type)
-        raw._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
-        try:
-            raw._cuda_setStream(stream_id=sid, device_index=index, device_type=kind)
-        except BaseException:
-            self._end_routing(raw, None, device, torch_pool_id)
-            raise
-        # a list: pause() and resume() replace the routing (index 5); end() uses the
-        # calls begin() used (index 6), whatever _raw answers by then
-        return [device, prev_device, prev_stream, pool, torch_pool_id, None, raw]
-
-    def _begin_wrapped(self, torch: Any, device: int, stream: Stream, pool_id: int) -> Any:
-        """begin() through torch.cuda's Python API (a PyTorch without the raw calls)."""
-        prev_device = torch.cuda.current_device()
+        prev_device = torch.cuda.current_device() if raw is None else raw._cuda_getDevice()
         pool = self.mem_pool(device, pool_id, prev_device)
         ext = self._external(device, stream)
-        prev_stream = torch.cuda.current_stream(device)
-        routing = torch.cuda.use_mem_pool(pool, device)
-        routing.__enter__()
+        if raw is None:
+            prev_stream: Any = torch.cuda.current_stream(device)
+            routing: Any = torch.cuda.use_mem_pool(pool, device)
+            routing.__enter__()
+            torch_pool_id = None
+        else:
+            prev_stream = raw._cuda_getCurrentStream(device)       # (id, device index, device type)
+            torch_pool_id = pool.id          # a property that calls into PyTorch: read once a capture
+            raw._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
+            routing = None
         try:
-            torch.cuda.set_stream(ext)
+            self._set_stream(torch, raw, ext)
         except BaseException:
-            routing.__exit__(None, None, None)
+            self._end_routing(raw, routing, device, torch_pool_id)
             raise
-        return [device, prev_device, prev_stream, pool, None, routing, None]
+        # a list: pause() and resume() replace the routing (index 5)
+        return [device, prev_device, prev_stream, pool, torch_pool_id, routing]
+
+    @staticmethod
+    def _set_stream(torch: Any, raw: Any, stream: Any) -> None:
+        """Make ``stream`` (a PyTorch stream, or with ``raw`` also the tuple
+        _cuda_getCurrentStream gives) PyTorch's current stream."""
+        if raw is None:
+            torch.cuda.set_stream(stream)
+            return
+        sid, index, kind = stream if isinstance(stream, tuple) else \
+            (stream.stream_id, stream.device_index, stream.device_type)
+        raw._cuda_setStream(stream_id=sid, device_index=index, device_type=kind)
 
     @staticmethod
     def _end_routing(raw: Any, routing: Any, device: int, torch_pool_id: Any) -> None:
@@ -378,35 +393,121 @@ class TorchLibrary(Library):
         sys.modules["torch"].cuda.set_stream(self._external(state[0], stream))
 
     def pause(self, state: Any) -> None:
-        device, torch_pool_id, routing, raw = state[0], state[4], state[5], state[6]
+        torch = sys.modules["torch"]
+        device, torch_pool_id, routing = state[0], state[4], state[5]
+        raw = self._raw(torch) if routing is None else None
         self._end_routing(raw, routing, device, torch_pool_id)      # the MemPool object keeps the pool alive
 
     def resume(self, state: Any) -> None:
-        device, pool, torch_pool_id, raw = state[0], state[3], state[4], state[6]
-        if raw is not None:
-            raw._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
+        torch = sys.modules["torch"]
+        device, pool, torch_pool_id, routing = state[0], state[3], state[4], state[5]
+        if routing is None:
+            self._raw(torch)._cuda_beginAllocateCurrentThreadToPool(device, torch_pool_id)
         else:
-            routing = sys.modules["torch"].cuda.use_mem_pool(pool, device)
+            routing = torch.cuda.use_mem_pool(pool, device)
             routing.__enter__()
             state[5] = routing
 
     def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
-        device, prev_device, prev_stream, pool, torch_pool_id, routing, raw = state
+        torch = sys.modules["torch"]
+        device, prev_device, prev_stream, pool, torch_pool_id, routing = state
+        raw = self._raw(torch) if routing is None else None
         try:
             if on_capture_thread:
+                self._set_stream(torch, raw, prev_stream)
                 if raw is None:
-                    torch = sys.modules["torch"]
-                    torch.cuda.set_stream(prev_stream)
                     torch.cuda.set_device(prev_device)
-                else:
-                    sid, index, kind = prev_stream
-                    raw._cuda_setStream(stream_id=sid, device_index=index, device_type=kind)
-                    if raw._cuda_getDevice() != prev_device:
-                        raw._cuda_setDevice(prev_device)
+                elif raw._cuda_getDevice() != prev_device:
+                    raw._cuda_setDevice(prev_device)
         finally:
-            self._end_routing(raw, routing, device, torch_pool_id)    # the pool's routing, whichever thread
+            self._end_routing(raw, routing, device, torch_pool_id)    # ends the pool's routing, whichever thread
         hold = _PoolHold(device, pool)
         return {id(hold): hold}
+
+
+class _CupyBlock:
+    """Keeps tensorplay memory alive for a CuPy array (the owner CuPy holds)."""
+
+    __slots__ = ("allocation",)
+
+    def __init__(self, allocation: Any) -> None:
+        self.allocation = allocation
+
+
+def _cupy_stream(cupy: Any, stream: Stream, device: int) -> Any:
+    """CuPy's stream over ``stream`` on ``device`` (the current CuPy device):
+    ``Stream.from_external`` through the CUDA stream protocol where CuPy has
+    it (14 and later, which deprecate ExternalStream; the wrapper keeps our
+    stream alive and never destroys it), else ExternalStream."""
+    from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
+    if from_external is not None:
+        return from_external(stream)
+    return cupy.cuda.ExternalStream(stream.handle, device)
+
+
+class CupyLibrary(Library):
+    """CuPy: ``ExternalStream(...).use()`` over the capture's stream;
+    allocations through ``cupy.cuda.using_allocator`` into tensorplay's
+    caching allocator on the current (capture or body) stream, so they come
+    from the capture's pool and are reused only by it and graphs sharing it."""
+
+    name = "cupy"
+    module = "cupy"
+
+    def is_capturing(self) -> bool:
+        stream = sys.modules["cupy"].cuda.get_current_stream()
+        # the legacy stream never captures, and asking it while another stream
+        # captures is an error: not asked
+        return bool(stream.ptr) and bool(stream.is_capturing())
+
+    def current_stream_handle(self, device: int) -> int | None:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device):
+            return int(cupy.cuda.get_current_stream().ptr)
+
+    def begin(self, device: int, stream: Stream, pool_id: int) -> Any:
+        cupy = sys.modules["cupy"]
+
+        def allocate_in_capture(nbytes: int) -> Any:
+            allocation = allocate(nbytes, device, current_stream_handle_of(device))
+            memory = cupy.cuda.UnownedMemory(allocation.ptr, nbytes, _CupyBlock(allocation), device)
+            return cupy.cuda.MemoryPointer(memory, 0)
+
+        with cupy.cuda.Device(device):
+            prev_stream = cupy.cuda.get_current_stream()
+            routing = cupy.cuda.using_allocator(allocate_in_capture)
+            routing.__enter__()
+            try:
+                _cupy_stream(cupy, stream, device).use()
+            except BaseException:
+                routing.__exit__(None, None, None)
+                raise
+        return [device, prev_stream, routing, allocate_in_capture]
+
+    def follow(self, state: Any, stream: Stream) -> None:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(state[0]):
+            _cupy_stream(cupy, stream, state[0]).use()
+
+    def pause(self, state: Any) -> None:
+        state[2].__exit__(None, None, None)      # CuPy's allocator is what it was before the capture
+
+    def resume(self, state: Any) -> None:
+        routing = sys.modules["cupy"].cuda.using_allocator(state[3])     # a generator's: entered once
+        routing.__enter__()
+        state[2] = routing
+
+    def end(self, state: Any, on_capture_thread: bool) -> dict[int, Any]:
+        cupy = sys.modules["cupy"]
+        device, prev_stream, routing = state[:3]
+        if not on_capture_thread:
+            return {}          # CuPy's stream and allocator are the capture thread's: not ours to set here
+        try:
+            with cupy.cuda.Device(device):
+                prev_stream.use()
+        finally:
+            routing.__exit__(None, None, None)
+        return {}
 
 
 _libraries: list[Library] = [TorchLibrary(), CupyLibrary()]

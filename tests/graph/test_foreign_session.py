@@ -19,7 +19,7 @@ import pytest
 
 import tensorplay as tp
 from helpers import run_python
-from tensorplay._graph import foreign, foreign_cupy
+from tensorplay._graph import foreign
 from tensorplay._graph import structured as _structured
 from tensorplay._graph.conditionals import IF_NODE, WHILE_NODE
 
@@ -773,14 +773,14 @@ def test_cupy_allocations_come_from_tensorplays_allocator(fake_cupy, monkeypatch
     def allocate(nbytes, device, stream):
         made.append((nbytes, device, stream))
         return Allocation()
-    monkeypatch.setattr(foreign_cupy, "allocate", allocate)
-    monkeypatch.setattr(foreign_cupy, "current_stream_handle_of", lambda device: 0x2000 + device)
+    monkeypatch.setattr(foreign, "allocate", allocate)
+    monkeypatch.setattr(foreign, "current_stream_handle_of", lambda device: 0x2000 + device)
     lib = foreign.CupyLibrary()
     state = lib.begin(1, CaptureStream(0x1000), 5)
     ptr = fake_cupy.allocator(4096)
     assert made == [(4096, 1, 0x2001)]                        # on the current (capture or body) stream
     assert ptr.offset == 0 and ptr.mem.ptr == 0xABC000 and ptr.mem.size == 4096 and ptr.mem.device_id == 1
-    assert isinstance(ptr.mem.owner, foreign_cupy._CupyBlock) and isinstance(ptr.mem.owner.allocation, Allocation)
+    assert isinstance(ptr.mem.owner, foreign._CupyBlock) and isinstance(ptr.mem.owner.allocation, Allocation)
     lib.end(state, True)
 
 
@@ -911,103 +911,3 @@ def test_torch_library_raw_calls_route_by_pool_id_and_restore(fake_torch):
         assert fake_torch.device_now == 0 and raw.pool_uses == {pool_id: 0}
     finally:
         del FakeTorchStream.stream_id, FakeTorchStream.device_type
-
-
-def test_cupy_routing_uses_the_thread_local_allocator_calls_where_cupy_has_them(fake_cupy):
-    """CuPy's thread-local allocator set and put back directly (no
-    using_allocator generator), once however often the routing ends."""
-    calls = []
-    state = {"allocator": None}
-
-    def get():
-        calls.append("get")
-        return state["allocator"]
-
-    def put(fn):
-        calls.append(("set", fn))
-        state["allocator"] = fn
-    fake_cupy.module.cuda.memory = types.SimpleNamespace(_get_thread_local_allocator=get,
-                                                         _set_thread_local_allocator=put)
-    lib = foreign.CupyLibrary()
-    st = lib.begin(0, CaptureStream(0x1000), 5)
-    routed = state["allocator"]
-    assert callable(routed) and ("route",) not in fake_cupy.log
-    lib.pause(st)
-    assert state["allocator"] is None
-    lib.resume(st)
-    assert state["allocator"] is routed
-    lib.end(st, True)
-    lib.end(st, True)                                        # a second end changes nothing
-    assert state["allocator"] is None and fake_cupy.current[0].ptr == 0
-    assert calls == ["get", ("set", routed), ("set", None), "get", ("set", routed), ("set", None)]
-
-
-def test_cupy_stream_wrappers_are_made_once_per_stream(fake_cupy):
-    made = []
-    real = fake_cupy.external_stream
-
-    def external(ptr, device_id=-1):
-        made.append(ptr)
-        return real(ptr, device_id)
-    fake_cupy.module.cuda.ExternalStream = external
-    lib = foreign.CupyLibrary()
-    for _ in range(3):
-        lib.end(lib.begin(0, CaptureStream(0x1000), 5), True)
-    assert made == [0x1000] and fake_cupy.current[0].ptr == 0
-
-
-class FakeRawC:
-    """PyTorch's raw calls (torch._C) that TorchLibrary uses where they all exist, logged."""
-
-    def __init__(self, torch):
-        self.torch, self.log, self.device = torch, [], 0
-        self.stream = (0, 0, 1)
-
-    def _cuda_beginAllocateCurrentThreadToPool(self, device, pool_id):
-        self.log.append(("route", device, pool_id))
-
-    def _cuda_endAllocateToPool(self, device, pool_id):
-        self.log.append(("unroute", device, pool_id))
-
-    def _cuda_releasePool(self, device, pool_id):
-        self.log.append(("release", device, pool_id))
-
-    def _cuda_getCurrentStream(self, device):
-        return self.stream
-
-    def _cuda_setStream(self, stream_id, device_index, device_type):
-        self.log.append(("set_stream", stream_id, device_index))
-        self.stream = (stream_id, device_index, device_type)
-
-    def _cuda_getDevice(self):
-        return self.device
-
-    def _cuda_setDevice(self, device):
-        self.log.append(("set_device", device))
-        self.device = device
-
-    def _cuda_checkPoolLiveAllocations(self, device, pool_id, allowed):
-        return True
-
-
-def test_torch_raw_calls_begin_and_end_a_capture_each_once(fake_torch, monkeypatch):
-    """With PyTorch's raw calls, a capture makes each once (the pool's id and
-    the stream's ids are kept from the first capture), and end() undoes what
-    begin() did with the same calls, whatever _raw answers by then."""
-    raw = FakeRawC(fake_torch)
-    fake_torch.module._C = raw
-    fake_torch.module.cuda.ExternalStream = lambda handle, device=None: types.SimpleNamespace(
-        stream_id=handle, device_index=device, device_type=1)
-    lib = foreign.TorchLibrary()
-    for _ in range(2):
-        raw.log.clear()
-        state = lib.begin(0, CaptureStream(0x1000), 7)
-        pool_id = lib.mem_pool(0, 7).id
-        assert raw.log == [("route", 0, pool_id), ("set_stream", 0x1000, 0)]
-        monkeypatch.setattr(foreign.TorchLibrary, "_raw", lambda self, torch: None)
-        keep = lib.end(state, True)
-        monkeypatch.undo()
-        monkeypatch.setitem(sys.modules, "torch", fake_torch.module)
-        assert raw.log[2:] == [("set_stream", 0, 0), ("unroute", 0, pool_id), ("release", 0, pool_id)]
-        assert raw.stream == (0, 0, 1) and len(keep) == 1
-    assert _events(fake_torch, "mem_pool") == [("mem_pool", 0)]        # one pool for both captures

@@ -4,7 +4,6 @@
 cimport cython
 from cuda.bindings cimport cydriver
 from libc.stdint cimport uintptr_t
-from libc.string cimport memset
 
 from tensorplay._driver.teardown cimport destroy_event, run_deferred
 from tensorplay._driver.context cimport (LIVE_EVENTS, LIVE_STREAMS, check, count_live, ensure_context, get_current_device,
@@ -44,13 +43,6 @@ cdef int _resolve_device(object device) except -1:
     return _device_index_checked(device)
 
 
-# One event per device for stream_wait_stream, made on first use and kept:
-# a capture's begin joins the current stream this way, and creating and
-# destroying an event there cost more than the record and the wait.
-cdef cydriver.CUevent _join_events[MAX_DEVICES]
-memset(_join_events, 0, sizeof(_join_events))
-
-
 # Handles of dead Stream objects, by (device, priority), for the next Stream().
 # Streams are never destroyed, as in PyTorch: the caching allocator keys its
 # free blocks by stream handle, and a destroyed stream's handle could come
@@ -62,7 +54,6 @@ cdef dict _recycled = {}
 
 def _forget_streams_in_forked_child():
     _recycled.clear()     # the parent's handles mean nothing in the child
-    memset(_join_events, 0, sizeof(_join_events))
 
 
 os.register_at_fork(after_in_child=_forget_streams_in_forked_child)
@@ -407,18 +398,18 @@ def stream_of(obj, device=-1):
 
 
 cdef int stream_wait_stream(cydriver.CUstream waiter, cydriver.CUstream waitee, int device) except -1:
-    """Make ``waiter`` wait for the work queued so far on ``waitee``. The
-    record and the wait run without releasing the GIL, so no other thread
-    records the device's shared event in between (each wait binds to the
-    record before it; a later record does not change an earlier wait)."""
-    cdef cydriver.CUevent ev
-    ensure_context(device)
-    ev = _join_events[device]
-    if ev == NULL:
+    """Make ``waiter`` wait for the work queued so far on ``waitee`` (one temporary event)."""
+    cdef cydriver.CUevent ev = NULL
+    cdef cydriver.CUresult r
+    with nogil:
+        ensure_context(device)
         check(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING))
-        _join_events[device] = ev
-    check(cydriver.cuEventRecord(ev, waitee))
-    check(cydriver.cuStreamWaitEvent(waiter, ev, 0))
+        r = cydriver.cuEventRecord(ev, waitee)
+        if r == cydriver.CUDA_SUCCESS:
+            r = cydriver.cuStreamWaitEvent(waiter, ev, 0)
+        # destroying an event with a pending wait is allowed: the wait still holds
+        cydriver.cuEventDestroy(ev)
+        check(r)
     return 0
 
 
