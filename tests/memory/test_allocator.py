@@ -34,6 +34,7 @@ def test_freed_blocks_are_reused_on_the_same_stream():
 
 
 def test_blocks_of_another_stream_are_not_reused_before_record_stream_work_ends():
+    gc.collect()                        # earlier tests' garbage goes now, not into this test's blocks
     s = tp.cuda.Stream()
     x = tp.empty(1 << 18, device="cuda")
     p = x.data_ptr()
@@ -47,7 +48,9 @@ def test_blocks_of_another_stream_are_not_reused_before_record_stream_work_ends(
     gc.collect()
     z = tp.empty(1 << 18, device="cuda")
     w = tp.empty(1 << 18, device="cuda")
-    assert p in (z.data_ptr(), w.data_ptr())
+    # x's memory is reused once s is done: by z or w, from p or from a free
+    # neighbour it merged with (a shuffled run once had z start 1 KiB before p)
+    assert any(t.data_ptr() <= p < t.data_ptr() + t.nbytes for t in (z, w))
     assert tp.cuda.memory_stats()["pending_events"] == 0
 
 
