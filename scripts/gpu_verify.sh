@@ -3,16 +3,17 @@
 # A GPU machine's verification run in one command, for machines lent by the
 # minute: the whole test suite (shuffled), the performance gate and the
 # benchmarks the open work asks for, each under its own time limit, every
-# result in one of at most seven files under OUTDIR:
+# result in one of at most eight files under OUTDIR:
 #   tests.log    the suite (scripts/gpu_tests.sh), with the GPU's name first
 #   gate.json    gate.txt    benchmarks/gate.py
 #   profile.txt  benchmarks/profile_nodes_vs_ncu.py
 #   bench.txt    probe_lazy_launch, probe_module_loading, first_call_time, peer_memory_time
 #   decode.txt   examples/decode_loop.py --transformers-only, compiled_decode.py
+#   capture.txt  probe_serving_phases.py, profile_capture_phases.py (capture time by phase)
 # Usage (tensorplay installed for $PYTHON):
 #   PYTHON=python3 bash scripts/gpu_verify.sh OUTDIR [PARTS]
-# PARTS: any of suite gate profile bench decode (default all; about 12 minutes
-# on an H100: pass fewer to fit a shorter limit).
+# PARTS: any of suite gate profile bench decode capture (default all but
+# capture; about 12 minutes on an H100: pass fewer to fit a shorter limit).
 # Environment: TENSORPLAY_TEST_SHUFFLE (the suite's order; default 1), TP_TEST_WORKERS (default 12).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +49,14 @@ if has bench; then
         timeout 70 "$PY" $cmd >> "$out/bench.txt" 2>&1
         echo "rc $?" >> "$out/bench.txt"
     done
+fi
+if has capture; then
+    echo "== probe_serving_phases.py --rounds 5" >> "$out/capture.txt"
+    timeout 90 "$PY" probe_serving_phases.py --rounds 5 >> "$out/capture.txt" 2>&1
+    echo "rc $?" >> "$out/capture.txt"
+    echo "== profile_capture_phases.py --nodes 10 100 --repeats 60" >> "$out/capture.txt"
+    timeout 60 "$PY" profile_capture_phases.py --nodes 10 100 --repeats 60 >> "$out/capture.txt" 2>&1
+    echo "rc $?" >> "$out/capture.txt"
 fi
 if has decode; then
     echo "== decode_loop.py --transformers-only" >> "$out/decode.txt"
