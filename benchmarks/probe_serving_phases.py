@@ -7,7 +7,8 @@ Runs on the GPU machine, from ``benchmarks/``::
 
 The serving section's 67 graphs of the MLP step (batch 512 down to 1, one
 pool), captured by tensorplay with foreign capture on and off, by
-``torch.cuda.graph`` and by PyTorch's ``capture_begin``/``capture_end``,
+``torch.cuda.graph`` and by PyTorch's ``capture_begin``/``capture_end``
+(the serving section's ``capture_serving``: warmed up and settled first),
 rounds interleaved (median ms a set); for tensorplay, the median host us
 a graph of each phase (graph made, capture_begin, the input sliced, each
 op, capture_end); the driver's share of one graph (cuGraphInstantiate of
@@ -25,7 +26,8 @@ import time
 
 import tensorplay as tp
 from tpbench.common import gpu_and_torch, median_host_us, to_library
-from tpbench.workloads import SERVING_BATCHES, serving_weights
+from tpbench.serving import capture_serving, torch_capture_graph_ctx, torch_capture_raw
+from tpbench.workloads import SERVING_BATCHES, serving_weights, torch_mlp_step
 
 PHASES = ("graph made", "capture_begin", "slice", "linear 1", "linear 2", "add", "capture_end")
 
@@ -62,30 +64,11 @@ def tp_set(w, foreign, phases):
     return (clock() - start) * 1e3, graphs
 
 
-def torch_set(torch, w, raw, side):
-    F = torch.nn.functional
-    pool = torch.cuda.graph_pool_handle()
-    graphs = []
-    x = w["x"]
-
-    def step(xb):
-        h = F.gelu(F.linear(xb, w["w1"], w["b1"]), approximate="tanh")
-        return F.linear(h, w["w2"], w["b2"]) + xb
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for b in sorted(SERVING_BATCHES, reverse=True):
-        g = torch.cuda.CUDAGraph()
-        if raw:
-            with torch.cuda.stream(side):
-                g.capture_begin(pool=pool)
-                out = step(x[:b])
-                g.capture_end()
-        else:
-            with torch.cuda.graph(g, pool=pool):
-                out = step(x[:b])
-        graphs.append((g, out))
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3, graphs
+def torch_set(torch, w, capture):
+    """One set of PyTorch graphs of the step, as the serving section captures
+    them (``capture``: its torch.cuda.graph or capture_begin/end capture)."""
+    graphs, ms, _ = capture_serving(torch, torch_mlp_step(torch, w), w["x"], capture)
+    return ms, graphs
 
 
 def driver_share(graphs, repeats):
@@ -123,12 +106,13 @@ def main():
     weights = serving_weights()
     tw = {k: to_library(torch, v, "bfloat16") for k, v in weights.items()}
     w = {k: to_library(tp, v, "bfloat16") for k, v in weights.items()}
-    side = torch.cuda.Stream()
+    torch_captures = {"torch.cuda.graph": torch_capture_graph_ctx,
+                      "PyTorch capture_begin/end": torch_capture_raw(torch, torch.cuda.Stream())}
     for b in SERVING_BATCHES:                         # kernels, plans, cuBLAS handles
         tp.linear(tp.linear(w["x"][:b], w["w1"], w["b1"], activation="gelu"), w["w2"], w["b2"]) + w["x"][:b]
     tp_set(w, None, {})
-    torch_set(torch, tw, False, side)
-    torch_set(torch, tw, True, side)
+    for capture in torch_captures.values():
+        torch_set(torch, tw, capture)
     sets = {"tensorplay, foreign on": [], "tensorplay, foreign off": [],
             "torch.cuda.graph": [], "PyTorch capture_begin/end": []}
     phases = {True: {}, False: {}}
@@ -140,8 +124,8 @@ def main():
             if not on:
                 kept = graphs
             del graphs
-        for raw, name in ((False, "torch.cuda.graph"), (True, "PyTorch capture_begin/end")):
-            ms, graphs = torch_set(torch, tw, raw, side)
+        for name, capture in torch_captures.items():
+            ms, graphs = torch_set(torch, tw, capture)
             sets[name].append(ms)
             del graphs
         gc.collect()

@@ -21,12 +21,12 @@ from tpbench.workloads import (SERVING_BATCHES, SERVING_FFN, SERVING_HIDDEN, ser
                                tp_mlp_step)
 
 
-def _torch_capture_graph_ctx(torch, g, pool, step, x):
+def torch_capture_graph_ctx(torch, g, pool, step, x):
     with torch.cuda.graph(g, pool=pool):
         return step(x)
 
 
-def _torch_capture_raw(torch, side):
+def torch_capture_raw(torch, side):
     """capture_begin/capture_end on one side stream: torch.cuda.graph()'s
     capture without its synchronize and empty_cache on every entry."""
     def capture(torch, g, pool, step, x):
@@ -94,9 +94,9 @@ def serving_rows(quick, torch):
     contenders = [("tensorplay", tp, tp_mlp_step, _tp_capture)]
     if torch is not None:
         side = torch.cuda.Stream()
-        contenders += [("PyTorch", torch, lambda w: torch_mlp_step(torch, w), _torch_capture_graph_ctx),
+        contenders += [("PyTorch", torch, lambda w: torch_mlp_step(torch, w), torch_capture_graph_ctx),
                        ("PyTorch capture_begin/end (no per-graph sync, empty_cache)", torch,
-                        lambda w: torch_mlp_step(torch, w), _torch_capture_raw(torch, side))]
+                        lambda w: torch_mlp_step(torch, w), torch_capture_raw(torch, side))]
     for name, lib, make_step, capture in contenders:
         @guarded(section, cap_case, name)
         def _capture():
