@@ -19,7 +19,10 @@ eagerly; and what ``torch.cuda.graph`` does on entry besides capturing.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
+import pstats
 import statistics
 import sys
 import time
@@ -71,6 +74,39 @@ def torch_set(torch, w, capture):
     return ms, graphs
 
 
+def gc_share(w, foreign):
+    """(ms of one tensorplay set, ms the cyclic collector ran during it, collections by generation)."""
+    spent, starts, counts = [0.0], [0.0], [0, 0, 0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            starts[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - starts[0]
+            counts[info["generation"]] += 1
+    gc.collect()
+    gc.callbacks.append(on_gc)
+    try:
+        ms, graphs = tp_set(w, foreign, {})
+    finally:
+        gc.callbacks.remove(on_gc)
+    del graphs
+    return ms, spent[0] * 1e3, counts
+
+
+def profile_set(w, foreign, top):
+    """The functions one tensorplay set spends its time in (cProfile, by own time)."""
+    gc.collect()
+    prof = cProfile.Profile()
+    prof.enable()
+    _, graphs = tp_set(w, foreign, {})
+    prof.disable()
+    del graphs
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def driver_share(graphs, repeats):
     """Median us of cuGraphInstantiate + destroy over the captured graphs, and of
     an empty capture begun and ended on a fresh stream (cuda.bindings' calls)."""
@@ -99,6 +135,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=300)
+    ap.add_argument("--profile-top", type=int, default=30, help="functions listed by cProfile (0: no profile)")
     args = ap.parse_args()
     torch, code = gpu_and_torch("the sets are timed beside PyTorch's")
     if torch is None:
@@ -137,6 +174,13 @@ def main():
     for on in (True, False):
         print(f"  foreign {'on ' if on else 'off'}: " + ", ".join(
             f"{k} {statistics.median(v):.1f}" for k, v in phases[on].items()), flush=True)
+    for on in (True, False):
+        ms, gc_ms, counts = gc_share(w, on)
+        print(f"collector during one set, foreign {'on' if on else 'off'}: {gc_ms:.2f} of {ms:.2f} ms, "
+              f"collections by generation {counts}", flush=True)
+    if args.profile_top:
+        print("cProfile of one set, foreign on (own time; the profiler slows Python calls, not the driver's):")
+        print(profile_set(w, True, args.profile_top), flush=True)
     inst, empty = driver_share(kept, args.repeats)
     print(f"driver: cuGraphInstantiate of a serving graph {inst:.1f} us (median over 67); "
           f"an empty capture begun and ended {empty:.1f} us", flush=True)

@@ -52,7 +52,7 @@ if has bench; then
 fi
 if has capture; then
     echo "== probe_serving_phases.py --rounds 5" >> "$out/capture.txt"
-    timeout 90 "$PY" probe_serving_phases.py --rounds 5 >> "$out/capture.txt" 2>&1
+    timeout 100 "$PY" probe_serving_phases.py --rounds 5 >> "$out/capture.txt" 2>&1
     echo "rc $?" >> "$out/capture.txt"
     echo "== profile_capture_phases.py --nodes 10 100 --repeats 60" >> "$out/capture.txt"
     timeout 60 "$PY" profile_capture_phases.py --nodes 10 100 --repeats 60 >> "$out/capture.txt" 2>&1
