@@ -133,10 +133,11 @@ def chains_case(torch, clocks, rounds, lengths, sizes):
             contenders = []
             for pdl in (True, False):
                 guard(contenders, f"tensorplay (PDL {'on' if pdl else 'off'})", "tensorplay",
-                      lambda: tp_graph(lambda: chain_ops(x, n), pdl).replay)
+                      lambda x=x, pdl=pdl: tp_graph(lambda: chain_ops(x, n), pdl).replay)
             if torch is not None:
                 tx = torch.ones(nbytes // 4, device="cuda")
-                guard(contenders, "PyTorch", "PyTorch", lambda: torch_graph(torch, lambda: chain_ops(tx, n)).replay)
+                guard(contenders, "PyTorch", "PyTorch",
+                      lambda tx=tx: torch_graph(torch, lambda: chain_ops(tx, n)).replay)
             measure("chains", case, contenders, clocks, rounds, per=n)
             del x
             if torch is not None:
