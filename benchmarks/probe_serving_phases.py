@@ -107,6 +107,34 @@ def profile_set(w, foreign, top):
     return text.getvalue()
 
 
+def segments_made(lib, make_set):
+    """Device allocations (new segments) the caching allocator of ``lib`` made
+    while ``make_set()`` captured one set, the set's graphs dropped after."""
+    key = "num_device_alloc" if lib is tp else "segment.all.allocated"
+    before = lib.cuda.memory_stats().get(key, 0)
+    made = make_set()
+    after = lib.cuda.memory_stats().get(key, 0)
+    del made
+    gc.collect()
+    return after - before
+
+
+def mem_alloc_us(nbytes, repeats):
+    """Median host us of cuMemAlloc and of cuMemFree of ``nbytes`` (cuda.bindings)."""
+    from cuda.bindings import driver
+    alloc, free = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        err, ptr = driver.cuMemAlloc(nbytes)
+        t1 = time.perf_counter()
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        driver.cuMemFree(ptr)
+        t2 = time.perf_counter()
+        alloc.append((t1 - t0) * 1e6)
+        free.append((t2 - t1) * 1e6)
+    return statistics.median(alloc), statistics.median(free)
+
+
 def driver_share(graphs, repeats):
     """Median us of cuGraphInstantiate + destroy over the captured graphs, and of
     an empty capture begun and ended on a fresh stream (cuda.bindings' calls)."""
@@ -166,14 +194,19 @@ def main():
             sets[name].append(ms)
             del graphs
         gc.collect()
+    print("segments made (device allocations) during one set: "
+          f"tensorplay {segments_made(tp, lambda: tp_set(w, True, {}))}, "
+          f"torch.cuda.graph {segments_made(torch, lambda: torch_set(torch, tw, torch_captures['torch.cuda.graph']))}",
+          flush=True)
     torch_ms = statistics.median(sets["torch.cuda.graph"])
     for name, v in sets.items():
         print(f"67 graphs, {name:28} {statistics.median(v):7.2f} ms  ({statistics.median(v) / torch_ms:.3f} "
               f"of torch.cuda.graph; rounds {' '.join(f'{t:.2f}' for t in v)})", flush=True)
-    print("per graph, median host us:")
+    print("per graph, median / mean / max host us (a mean far above the median: a few graphs pay most):")
     for on in (True, False):
         print(f"  foreign {'on ' if on else 'off'}: " + ", ".join(
-            f"{k} {statistics.median(v):.1f}" for k, v in phases[on].items()), flush=True)
+            f"{k} {statistics.median(v):.1f} / {statistics.fmean(v):.1f} / {max(v):.0f}"
+            for k, v in phases[on].items()), flush=True)
     for on in (True, False):
         ms, gc_ms, counts = gc_share(w, on)
         print(f"collector during one set, foreign {'on' if on else 'off'}: {gc_ms:.2f} of {ms:.2f} ms, "
@@ -183,7 +216,9 @@ def main():
         print(profile_set(w, True, args.profile_top), flush=True)
     inst, empty = driver_share(kept, args.repeats)
     print(f"driver: cuGraphInstantiate of a serving graph {inst:.1f} us (median over 67); "
-          f"an empty capture begun and ended {empty:.1f} us", flush=True)
+          f"an empty capture begun and ended {empty:.1f} us; cuMemAlloc / cuMemFree "
+          + ", ".join(f"{mib} MiB {a:.1f} / {f:.1f} us"
+                      for mib, (a, f) in ((m, mem_alloc_us(m << 20, 30)) for m in (2, 20))), flush=True)
     del kept
     xb = w["x"][:256]
     h = tp.linear(xb, w["w1"], w["b1"], activation="gelu")
