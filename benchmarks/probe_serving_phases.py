@@ -217,8 +217,8 @@ def main():
     inst, empty = driver_share(kept, args.repeats)
     print(f"driver: cuGraphInstantiate of a serving graph {inst:.1f} us (median over 67); "
           f"an empty capture begun and ended {empty:.1f} us; cuMemAlloc / cuMemFree "
-          + ", ".join(f"{mib} MiB {a:.1f} / {f:.1f} us"
-                      for mib, (a, f) in ((m, mem_alloc_us(m << 20, 30)) for m in (2, 20))), flush=True)
+          + ", ".join("{} MiB {:.1f} / {:.1f} us".format(m, *mem_alloc_us(m << 20, 30)) for m in (2, 20)),
+          flush=True)
     del kept
     xb = w["x"][:256]
     h = tp.linear(xb, w["w1"], w["b1"], activation="gelu")
